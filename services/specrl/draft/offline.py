@@ -1,0 +1,109 @@
+"""Offline EAGLE-3 training: capture the target's aux hidden states and next-token
+distributions on a set of sequences, then fit the head with training-time test.
+
+The capture is the same computation the trainer performs during its logprob pass
+(aux ids from `specrl.draft.aux_layers`, everything detached), so a head trained here and
+one adapted online see identical features.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specrl.draft.aux_layers import gather_aux_hidden_states
+from specrl.draft.eagle3 import Eagle3Head, ttt_loss
+
+Progress = Callable[[int, int, float], None]
+
+
+@dataclass
+class Features:
+    input_ids: torch.Tensor  # [N, T] right-padded
+    loss_mask: torch.Tensor  # [N, T] 1 where the target's prediction is a training signal
+    aux: torch.Tensor  # [N, T, n_aux * H]
+    target_logprobs: torch.Tensor  # [N, T, V] log-softmax of the target's logits
+
+
+def pad(
+    sequences: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad to [N, T]; returns ids, attention mask and loss mask."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    loss = torch.zeros_like(ids)
+    for i, (s, m) in enumerate(zip(sequences, masks)):
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+        loss[i, : len(m)] = torch.tensor(m)
+    return ids, attn, loss
+
+
+@torch.no_grad()
+def capture(
+    target: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[int]],
+    aux_layer_ids: Sequence[int],
+    *,
+    pad_id: int,
+    batch_size: int = 64,
+) -> Features:
+    """Run the target over `sequences` once, keeping aux hidden states and log-probs."""
+    ids, attn, loss = pad(sequences, loss_masks, pad_id)
+    aux_parts, lp_parts = [], []
+    for start in range(0, len(ids), batch_size):
+        sl = slice(start, start + batch_size)
+        out = target(input_ids=ids[sl], attention_mask=attn[sl], output_hidden_states=True)
+        aux_parts.append(gather_aux_hidden_states(out.hidden_states, aux_layer_ids))
+        lp_parts.append(torch.log_softmax(out.logits.float(), dim=-1))
+    return Features(ids, loss * attn, torch.cat(aux_parts), torch.cat(lp_parts))
+
+
+def train_head(
+    head: Eagle3Head,
+    feats: Features,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    ttt_steps: int,
+    seed: int,
+    progress: Progress | None = None,
+) -> dict[str, list[float] | float]:
+    """Fit the head with AdamW and cosine decay; returns the last batch's loss and
+    per-position top-1 agreement."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=lr * 0.1)
+    head.train()
+    n = len(feats.input_ids)
+    stats: dict[str, list[float] | float] = {}
+    for step in range(steps):
+        idx = torch.tensor(rng.sample(range(n), min(batch_size, n)))
+        logits = head.ttt_forward(feats.aux[idx], feats.input_ids[idx], ttt_steps)
+        loss, stats = ttt_loss(logits, feats.target_logprobs[idx], feats.loss_mask[idx])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        stats["loss"] = loss.item()
+        if progress is not None:
+            progress(step + 1, steps, loss.item())
+    head.eval()
+    return stats
+
+
+@torch.no_grad()
+def evaluate_head(head: Eagle3Head, feats: Features, ttt_steps: int) -> list[float]:
+    """Top-1 agreement with the target per draft position on held-out features."""
+    logits = head.ttt_forward(feats.aux, feats.input_ids, ttt_steps)
+    _, stats = ttt_loss(logits, feats.target_logprobs, feats.loss_mask)
+    return stats["top1_agreement"]

@@ -1,0 +1,103 @@
+"""The engine seam of the rollout server: plain data types and the interface every
+generation backend implements. Nothing here imports an engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Validated sampling parameters of one request (see rollout.proto for semantics)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    max_tokens: int = 256
+    n: int = 1
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass
+class Acceptance:
+    """Speculative-decoding counts of one sample."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens emitted per verification step: 1 + accepted / drafts."""
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
+
+    @classmethod
+    def from_histogram(cls, histogram: Sequence[int], draft_tokens: int) -> Acceptance:
+        """From a histogram h[j] = verification steps that accepted exactly j drafts."""
+        k = len(histogram) - 1
+        return cls(
+            drafts=sum(histogram),
+            draft_tokens=draft_tokens,
+            accepted_tokens=sum(j * c for j, c in enumerate(histogram)),
+            # position i is accepted in every step that accepted more than i drafts
+            accepted_per_position=[sum(histogram[i + 1 :]) for i in range(k)],
+        )
+
+
+@dataclass
+class GeneratedSample:
+    sample_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    acceptance: Acceptance
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    engine: str
+    engine_version: str
+    model: str
+    method: str
+    k: int
+    draft: str
+    max_model_len: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class SelfTestResult:
+    passed: bool
+    p_value: float
+    detail: str
+
+
+class Engine(Protocol):
+    """A generation backend. One instance serves many concurrent requests."""
+
+    info: EngineInfo
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def generate(
+        self, prompt_token_ids: list[int], sampling: Sampling, request_id: str
+    ) -> AsyncIterator[GeneratedSample]:
+        """Yield each of the n samples as it finishes."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def sampler_self_test(self, *, trials: int, alpha: float, seed: int) -> SelfTestResult:
+        """Statistical test of the engine's speculative sampler in its own processes."""
+        ...
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,81 @@
+"""specrl's unavoidable fixes to vLLM, applied in every engine process.
+
+vLLM loads `vllm.general_plugins` entry points in the frontend, the engine-core and the
+worker processes, so `register` (the entry point in pyproject.toml) is the only hook that
+reaches the process where sampling happens; a monkeypatch in the parent does nothing.
+
+Each fix is one named function, linked to its upstream issue, guarded by the engine
+version it is known to be needed for, and removable once vLLM ships the fix.
+
+Set SPECRL_VLLM_PATCHES=0 to disable every fix (the lossless tests use it to show that
+the fix is what makes speculative sampling exact on CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+log = logging.getLogger("specrl.vllm_patches")
+
+DISABLE_ENV = "SPECRL_VLLM_PATCHES"
+_APPLIED: list[str] = []
+ORIGINALS: dict[str, object] = {}  # what each fix replaced, for tests and rollback
+
+
+def _expand_batch_to_tokens(
+    x: torch.Tensor,  # [batch_size]
+    cu_num_tokens: torch.Tensor,  # [batch_size]
+    num_tokens: int,
+    replace_from: int = 0,
+    replace_to: int = 0,
+) -> torch.Tensor:
+    """Exact torch version of vllm.v1.sample.rejection_sampler.expand_batch_to_tokens:
+    x = [a, b, c], cu_num_tokens = [2, 5, 6] -> [a, a, b, b, b, c], with values equal to
+    replace_from replaced by replace_to. Keeps x's dtype (floats are not truncated)."""
+    counts = torch.diff(cu_num_tokens.to(torch.long), prepend=cu_num_tokens.new_zeros(1))
+    replaced = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+    out = torch.repeat_interleave(replaced, counts.to(x.device), output_size=num_tokens)
+    return out
+
+
+def fix_cpu_expand_batch_to_tokens() -> bool:
+    """vLLM issue #55005 (fix PR #55006): on CPU without Triton, the C++ fallback behind
+    `expand_batch_to_tokens` writes into a temporary int64 copy and never copies back, so
+    the per-request temperature / top-k / top-p spread over draft positions is
+    uninitialised memory and speculative sampling at temperature > 0 is not lossless.
+    Needed where vLLM runs its Triton kernels through the CPU shim; harmless elsewhere
+    (the torch version computes the same thing), but only applied where it is needed."""
+    import vllm
+    from vllm.v1.sample import rejection_sampler
+
+    if not vllm.__version__.startswith("0.32.") or torch.cuda.is_available():
+        return False
+    ORIGINALS.setdefault("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
+    rejection_sampler.expand_batch_to_tokens = _expand_batch_to_tokens
+    return True
+
+
+_FIXES = (fix_cpu_expand_batch_to_tokens,)
+
+
+def enabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "1") not in ("0", "false", "no")
+
+
+def register() -> None:
+    """vLLM general-plugin entry point: apply each fix once per process."""
+    if not enabled():
+        log.warning("specrl vLLM fixes disabled by %s=0", DISABLE_ENV)
+        return
+    for fix in _FIXES:
+        if fix.__name__ not in _APPLIED and fix():
+            _APPLIED.append(fix.__name__)
+            log.info("specrl applied vLLM fix %s (pid %d)", fix.__name__, os.getpid())
+
+
+def applied() -> list[str]:
+    """Names of the fixes applied in this process."""
+    return list(_APPLIED)

@@ -1,0 +1,105 @@
+"""Start a rollout server as a child process (demo, benchmarks, tests, `specrl run`).
+
+The child is tracked by pid and stopped with SIGTERM (then SIGKILL); its log goes to a
+file whose tail is shown if it dies before becoming ready.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from specrl.config import RolloutServerConfig
+
+
+class ServerDied(RuntimeError):
+    pass
+
+
+class RolloutProcess:
+    def __init__(
+        self,
+        cfg: RolloutServerConfig,
+        *,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        ready_timeout: float = 600.0,
+    ) -> None:
+        self.cfg = cfg
+        self.env = env or {}
+        self.ready_timeout = ready_timeout
+        self._dir = Path(tempfile.mkdtemp(prefix="specrl-rollout-"))
+        self.log_path = log_path or self._dir / "server.log"
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise RuntimeError("server not started")
+        return f"{self.cfg.host}:{self.port}"
+
+    def start(self) -> RolloutProcess:
+        cfg_path = self._dir / "rollout.yaml"
+        cfg_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json")))
+        ready = self._dir / "port"
+        cmd = [
+            sys.executable,
+            "-m",
+            "specrl.cli",
+            "serve",
+            "rollout",
+            "--config",
+            str(cfg_path),
+            "--ready-file",
+            str(ready),
+        ]
+        log = open(self.log_path, "w")  # noqa: SIM115 (owned by the child for its lifetime)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.ready_timeout
+        while not ready.exists() or not ready.read_text().strip():
+            if self.proc.poll() is not None:
+                raise ServerDied(
+                    f"rollout server exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"rollout server not ready in {self.ready_timeout}s:\n{self.log_tail()}")
+            time.sleep(0.5)
+        self.port = int(ready.read_text())
+        return self
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> RolloutProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,178 @@
+"""gRPC front of the rollout server. The servicer only converts messages and maps errors
+to status codes; the work is in RolloutService."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from specrl.config import RolloutServerConfig
+from specrl.rollout.engines.base import Sampling
+from specrl.rollout.service import NotServing, RolloutService, StampedSample
+from specrl.rollout.validation import Limits, RequestError, parse_request
+from specrl.v1 import rollout_pb2 as pb
+from specrl.v1 import rollout_pb2_grpc as pb_grpc
+
+log = logging.getLogger("specrl.rollout.server")
+
+SERVICE_NAME = "specrl.v1.RolloutService"
+_FINISH = {
+    "stop": pb.FINISH_REASON_STOP,
+    "length": pb.FINISH_REASON_LENGTH,
+    "abort": pb.FINISH_REASON_ABORT,
+}
+
+
+def to_proto(s: StampedSample, return_text: bool) -> pb.Sample:
+    g, a = s.sample, s.sample.acceptance
+    return pb.Sample(
+        prompt_index=s.prompt_index,
+        sample_index=g.sample_index,
+        token_ids=g.token_ids,
+        logprobs=g.logprobs,
+        text=g.text if return_text else "",
+        finish_reason=_FINISH[g.finish_reason],
+        policy_version=s.policy_version,
+        draft_version=s.draft_version,
+        prompt_tokens=g.prompt_tokens,
+        acceptance=pb.AcceptanceStats(
+            drafts=a.drafts,
+            draft_tokens=a.draft_tokens,
+            accepted_tokens=a.accepted_tokens,
+            accepted_per_position=a.accepted_per_position,
+            acceptance_length=a.acceptance_length,
+        ),
+    )
+
+
+class RolloutServicer(pb_grpc.RolloutServiceServicer):
+    def __init__(self, service: RolloutService) -> None:
+        self.service = service
+        info = service.engine.info
+        self.limits = Limits(
+            vocab_size=info.vocab_size,
+            max_model_len=info.max_model_len,
+            max_samples_per_request=service.cfg.max_samples_per_request,
+        )
+
+    async def _parse(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> tuple[list[list[int]], Sampling]:
+        try:
+            return parse_request(request, self.service.engine.tokenize, self.limits)
+        except RequestError as e:
+            self.service.metrics.requests.labels(status="invalid").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise  # unreachable: abort raises
+
+    async def _stream(self, request, context):
+        prompts, sampling = await self._parse(request, context)
+        try:
+            async for s in self.service.generate(prompts, sampling, request.request_id):
+                yield s
+        except NotServing as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+
+    async def Generate(self, request, context):
+        t0 = time.perf_counter()
+        return_text = not request.HasField("return_text") or request.return_text
+        samples = [s async for s in self._stream(request, context)]
+        samples.sort(key=lambda s: (s.prompt_index, s.sample.sample_index))
+        return pb.GenerateResponse(
+            samples=[to_proto(s, return_text) for s in samples],
+            seconds=time.perf_counter() - t0,
+        )
+
+    async def GenerateStream(self, request, context):
+        return_text = not request.HasField("return_text") or request.return_text
+        async for s in self._stream(request, context):
+            yield to_proto(s, return_text)
+
+    async def GetStatus(self, request, context):
+        svc, info, st = self.service, self.service.engine.info, self.service.self_test
+        return pb.RolloutStatus(
+            engine=info.engine,
+            engine_version=info.engine_version,
+            model=info.model,
+            speculation_method=info.method,
+            num_speculative_tokens=info.k,
+            draft_model=info.draft,
+            policy_version=svc.policy_version,
+            draft_version=svc.draft_version,
+            self_test_passed=st.passed if st else not svc.cfg.speculation.enabled,
+            self_test_p_value=st.p_value if st else 0.0,
+            self_test_detail=st.detail if st else "not run",
+            requests_in_flight=svc.in_flight,
+            max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size,
+        )
+
+
+async def create_server(
+    service: RolloutService, address: str
+) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
+    """Bind (port 0 picks a free one) and start; returns server, bound port and health."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_send_message_length", 256 * 1024 * 1024),
+            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+        ]
+    )
+    pb_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(service), server)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    await server.start()
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if service.serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, status)
+    return server, port, health_servicer
+
+
+async def serve(cfg: RolloutServerConfig, *, ready_file: str | None = None) -> int:
+    """Run a rollout server until SIGINT/SIGTERM. Returns the process exit code."""
+    from specrl import metrics
+    from specrl.rollout.engines import create_engine
+
+    rollout_metrics = metrics.RolloutMetrics()
+    if cfg.metrics_port is not None:
+        port = metrics.serve(cfg.metrics_port)
+        log.info("metrics on :%d/metrics", port)
+    engine = create_engine(cfg)
+    service = RolloutService(cfg, engine, rollout_metrics)
+    try:
+        await service.run_self_test()
+        server, port, _ = await create_server(service, f"{cfg.host}:{cfg.port}")
+        log.info(
+            "rollout server on %s:%d (model %s, speculation %s k=%d)%s",
+            cfg.host,
+            port,
+            engine.info.model,
+            engine.info.method,
+            engine.info.k,
+            "" if service.serving else " NOT SERVING: self-test failed",
+        )
+        if ready_file:
+            with open(ready_file, "w") as f:
+                f.write(str(port))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down")
+        await server.stop(grace=5)
+    finally:
+        engine.shutdown()
+    return 0

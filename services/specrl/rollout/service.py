@@ -1,0 +1,148 @@
+"""The rollout server's core: plain objects, no gRPC. Fans a batch of prompts out to the
+engine, gathers samples as they finish, stamps versions, keeps metrics, and gates
+speculative serving on the sampler self-test."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from specrl.config import RolloutServerConfig
+from specrl.metrics import RolloutMetrics
+from specrl.rollout.engines.base import Engine, GeneratedSample, Sampling, SelfTestResult
+
+log = logging.getLogger("specrl.rollout")
+
+
+class NotServing(RuntimeError):
+    """The server must not produce speculative rollouts (failed self-test)."""
+
+
+@dataclass
+class StampedSample:
+    prompt_index: int
+    sample: GeneratedSample
+    policy_version: int
+    draft_version: int
+
+
+class RolloutService:
+    def __init__(self, cfg: RolloutServerConfig, engine: Engine, metrics: RolloutMetrics) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.metrics = metrics
+        self.policy_version = cfg.policy_version
+        self.draft_version = cfg.draft_version
+        self.self_test: SelfTestResult | None = None
+        self.in_flight = 0
+        self._ids = itertools.count()
+        metrics.policy_version.set(self.policy_version)
+        metrics.draft_version.set(self.draft_version)
+        metrics.speculative_tokens.set(engine.info.k)
+
+    @property
+    def serving(self) -> bool:
+        return self.self_test is None or self.self_test.passed
+
+    async def run_self_test(self) -> SelfTestResult | None:
+        """Check the engine's speculative sampler; afterwards `serving` says whether
+        Generate is allowed. No-op (None) without speculation or when disabled."""
+        st = self.cfg.self_test
+        if not (self.cfg.speculation.enabled and st.enabled):
+            return None
+        t0 = time.perf_counter()
+        result = await self.engine.sampler_self_test(trials=st.trials, alpha=st.alpha, seed=st.seed)
+        self.self_test = result
+        self.metrics.self_test_passed.set(1 if result.passed else 0)
+        self.metrics.self_test_p_value.set(result.p_value)
+        took = time.perf_counter() - t0
+        if result.passed:
+            log.info(
+                "speculative sampler self-test passed in %.1fs (p=%.3g): %s",
+                took,
+                result.p_value,
+                result.detail,
+            )
+        else:
+            log.error(
+                "speculative sampler self-test FAILED (p=%.3g < alpha=%g): %s. The engine's "
+                "rejection sampling does not reproduce the target distribution; refusing to "
+                "serve speculative rollouts.",
+                result.p_value,
+                st.alpha,
+                result.detail,
+            )
+        return result
+
+    async def generate(
+        self, prompts: list[list[int]], sampling: Sampling, request_id: str = ""
+    ) -> AsyncIterator[StampedSample]:
+        """Yield every sample of every prompt as it finishes (completion order)."""
+        if not self.serving:
+            raise NotServing(
+                "speculative sampling self-test failed at startup "
+                f"({self.self_test.detail if self.self_test else ''}); not serving"
+            )
+        base = request_id or uuid.uuid4().hex[:12]
+        ids = [f"{base}-{next(self._ids)}" for _ in prompts]
+        queue: asyncio.Queue[tuple[int, GeneratedSample] | BaseException | None] = asyncio.Queue()
+        policy, draft = self.policy_version, self.draft_version
+
+        async def pump(index: int, tokens: list[int], rid: str) -> None:
+            try:
+                async for s in self.engine.generate(tokens, sampling, rid):
+                    await queue.put((index, s))
+            except BaseException as e:  # surfaced to the consumer below
+                await queue.put(e)
+            finally:
+                await queue.put(None)
+
+        t0 = time.perf_counter()
+        n_seqs = len(prompts) * sampling.n
+        self.in_flight += len(prompts)
+        self.metrics.queue_depth.inc(n_seqs)
+        tasks = [asyncio.create_task(pump(i, p, rid)) for i, (p, rid) in enumerate(zip(prompts, ids))]
+        remaining, delivered, status = len(tasks), 0, "error"
+        try:
+            while remaining:
+                item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                index, sample = item
+                delivered += 1
+                self.metrics.queue_depth.dec()
+                self._observe(sample)
+                yield StampedSample(index, sample, policy, draft)
+            status = "ok"
+        finally:
+            self.in_flight -= len(prompts)
+            self.metrics.queue_depth.dec(n_seqs - delivered)
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            if status != "ok":
+                for rid in ids:
+                    await self.engine.abort(rid)
+            self.metrics.requests.labels(status=status).inc()
+            self.metrics.latency.observe(time.perf_counter() - t0)
+
+    def _observe(self, s: GeneratedSample) -> None:
+        m, a = self.metrics, s.acceptance
+        m.samples.inc()
+        m.prompt_tokens.inc(s.prompt_tokens)
+        m.generated_tokens.inc(len(s.token_ids))
+        if a.drafts:
+            m.drafts.inc(a.drafts)
+            m.draft_tokens.inc(a.draft_tokens)
+            m.accepted_tokens.inc(a.accepted_tokens)
+            for pos, count in enumerate(a.accepted_per_position):
+                m.accepted_per_position.labels(position=str(pos)).inc(count)
+            m.acceptance_length.observe(a.acceptance_length)

