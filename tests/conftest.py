@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+
 from specrl.config import RolloutServerConfig
 from specrl.rollout.launcher import RolloutProcess
 

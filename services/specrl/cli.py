@@ -13,7 +13,11 @@ from rich.console import Console
 
 from specrl.config import ConfigError, RolloutServerConfig, load_config
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="specrl: lossless speculative decoding for RL post-training.",
+)
 zoo_app = typer.Typer(no_args_is_help=True, help="The tiny deterministic model zoo (CPU testbed).")
 serve_app = typer.Typer(no_args_is_help=True, help="Run a specrl service.")
 verify_app = typer.Typer(no_args_is_help=True, help="Statistical checks against a running server.")

@@ -111,7 +111,7 @@ class RolloutServerConfig(StrictModel):
     policy_version: int = Field(0, ge=0)
     draft_version: int = Field(0, ge=0)
     # Upper bound on prompts x n in one Generate call (protects the server).
-    max_samples_per_request: int = Field(4096, ge=1)
+    max_samples_per_request: int = Field(65536, ge=1)
 
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)

@@ -5,11 +5,13 @@ import urllib.request
 
 import grpc
 import pytest
-from conftest import server_config
 from grpc_health.v1 import health_pb2
+
 from specrl.rollout.client import RolloutClient
 from specrl.v1 import rollout_pb2 as pb
 from specrl.zoo import task
+
+from conftest import server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 

@@ -1,4 +1,5 @@
 import pytest
+
 from specrl.config import ConfigError, RolloutServerConfig, load_config, resolve_model_path
 
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+
 from specrl.draft.aux_layers import default_aux_layer_ids, gather_aux_hidden_states, validate_aux_layer_ids
 from specrl.draft.eagle3 import Eagle3Config, Eagle3Head, _rope, ttt_loss
 

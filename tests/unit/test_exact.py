@@ -4,6 +4,7 @@ accepts an exact sampler and rejects a biased one at the sample sizes we use."""
 import numpy as np
 import pytest
 import torch
+
 from specrl.stats.exact import goodness_of_fit, noncentral_power, processed_probs
 
 
@@ -71,5 +72,8 @@ def test_power_bound_is_conservative():
 
 
 def test_impossible_outcomes_fail_immediately():
-    fit = goodness_of_fit({0: 500, 1: 499, 2: 1}, {0: 0.5, 1: 0.5})
+    fit = goodness_of_fit({0: 500, 1: 499, 2: 1}, {0: 0.5, 1: 0.5, 2: 0.0})
     assert fit.impossible == 1 and not fit.passed(1e-9)
+    # an outcome that is merely not enumerated belongs to the pooled rest, it is not impossible
+    fit = goodness_of_fit({0: 495, 1: 500, 3: 5}, {0: 0.495, 1: 0.5})
+    assert fit.impossible == 0 and fit.passed(1e-3)

@@ -3,6 +3,7 @@ the unpatched CPU build (vLLM issue #55005) and pass with specrl's fix."""
 
 import pytest
 import torch
+
 from specrl.rollout import selftest
 from specrl.rollout.engines import vllm_patches
 

@@ -12,6 +12,7 @@ what drafting + verifying k extra tokens costs.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import threading
 import time
@@ -98,6 +99,43 @@ def _closed_loop(address: str, prompts: list[str], concurrency: int) -> dict:
     return {**totals, "seconds": seconds}
 
 
+def forward_costs(repeats: int = 200) -> dict[str, float]:
+    """Milliseconds of one batch-1 decode forward of each zoo model in plain torch (the
+    same CPU): the model cost inside a vLLM engine step, without the engine around it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specrl.config import resolve_model_path
+    from specrl.draft.eagle3 import Eagle3Head
+
+    def timed(fn) -> float:
+        for _ in range(10):
+            fn()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return 1000 * (time.perf_counter() - t0) / repeats
+
+    costs: dict[str, float] = {}
+    ctx = torch.randint(3, 100, (1, 40))
+    with torch.no_grad():
+        for name in ("target", "draft"):
+            model = AutoModelForCausalLM.from_pretrained(resolve_model_path(f"zoo:{name}")).eval()
+            past = model(input_ids=ctx, use_cache=True).past_key_values
+
+            def step(model=model, past=past) -> None:
+                model(input_ids=ctx[:, -1:], past_key_values=past, use_cache=True)
+                past.crop(ctx.shape[1])
+
+            costs[f"{name}_decode_ms"] = round(timed(step), 3)
+            if name == "target":
+                embed = model.get_input_embeddings().weight
+        head = Eagle3Head.load(Path(resolve_model_path("zoo:eagle3-domain")), embed).eval()
+        aux = torch.randn(1, 1, len(head.cfg.aux_layer_ids) * head.cfg.hidden_size)
+        costs["eagle3_head_step_ms"] = round(timed(lambda: head.ttt_forward(aux, ctx[:, :2], 1)), 3)
+    return costs
+
+
 def run_rollout_bench(
     out: Path,
     *,
@@ -115,6 +153,8 @@ def run_rollout_bench(
     prompts = [
         p.prompt for p in task.take(max(per_level.values()), seed=99, split="test", **task_kwargs(ZooSpec()))
     ]
+    costs = forward_costs()
+    console.print(f"model forward costs (torch, batch 1): {costs}")
     rows: list[dict] = []
     ar_tps: dict[int, float] = {}
     for v in variants(ks):
@@ -140,25 +180,30 @@ def run_rollout_bench(
                     "acceptance_length": round(1 + r["accepted"] / r["drafts"], 3) if r["drafts"] else 1.0,
                     "speedup_vs_ar": round(tps / ar_tps[c], 3),
                     "engine_steps_per_request": round(steps / r["requests"], 2),
+                    # wall time of one engine step, assuming all c requests share each step
+                    "ms_per_engine_step": round(1000 * r["seconds"] * c / steps, 2),
                 }
                 rows.append(row)
                 console.print(
                     f"  c={c:<3} {row['tokens_per_s']:>8.1f} tok/s  AL {row['acceptance_length']:.2f}  "
                     f"speedup {row['speedup_vs_ar']:.2f}x"
                 )
-        _write(out, rows, concurrency)
+        _write(out, rows, concurrency, costs)
     _print_table(rows, console)
     return rows
 
 
-def _write(out: Path, rows: list[dict], concurrency: list[int]) -> None:
+def _write(out: Path, rows: list[dict], concurrency: list[int], costs: dict[str, float]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
         "max_tokens": MAX_TOKENS,
         "temperature": TEMPERATURE,
+        "forward_costs": costs,
     }
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    out.with_suffix(".md").write_text(markdown_table(rows) + "\n")
     _plot(out.with_suffix(".png"), rows, concurrency)
 
 
@@ -189,6 +234,23 @@ def _plot(path: Path, rows: list[dict], concurrency: list[int]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The rows as the Markdown table docs/benchmarks.md shows."""
+    cols = (
+        "method",
+        "draft",
+        "k",
+        "concurrency",
+        "tokens_per_s",
+        "acceptance_length",
+        "speedup_vs_ar",
+        "ms_per_engine_step",
+    )
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def _print_table(rows: list[dict], console: Console) -> None:

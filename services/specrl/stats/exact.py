@@ -64,16 +64,16 @@ def goodness_of_fit(
     *,
     min_expected: float = 5.0,
 ) -> FitResult:
-    """Pearson chi-square of `counts` against exact `probs` (which should sum to 1; any
-    missing mass is an implicit "other" outcome). Outcomes with expected count below
-    `min_expected` are pooled. An observed outcome of exact probability 0 is reported in
-    `impossible` and makes the test fail at any alpha."""
+    """Pearson chi-square of `counts` against exact `probs`. Outcomes missing from `probs`
+    share its missing mass (an implicit "other" outcome); outcomes with expected count
+    below `min_expected` are pooled. An observed outcome listed in `probs` with probability
+    0 is reported in `impossible` and makes the test fail at any alpha."""
     from scipy.stats import chi2
 
     n = sum(counts.values())
     if n == 0:
         raise ValueError("no observations")
-    impossible = sum(c for k, c in counts.items() if probs.get(k, 0.0) <= 0.0)
+    impossible = sum(c for k, c in counts.items() if k in probs and probs[k] <= 0.0)
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in probs.items())
     tv += 0.5 * sum(c / n for k, c in counts.items() if k not in probs)
     bins_obs: list[float] = []

@@ -19,9 +19,10 @@ from specrl.stats.exact import FitResult, goodness_of_fit, noncentral_power, pro
 
 Continuation = tuple[int, ...]
 
-# A prompt of the zoo task on which the target is uncertain for several tokens (the next
-# operand), and which repeats n-grams so that n-gram drafting proposes tokens too.
-PROBE_PROMPT = "Q: 3+4=?\nA: 3+4=7. The answer is 7.\nQ: 1"
+# A zoo-task prompt on which the target is uncertain for three tokens (the last operand:
+# ~20 continuations with 5-10% each) and whose suffix "2+" occurs earlier, so that n-gram
+# drafting proposes tokens too.
+PROBE_PROMPT = "Q: 12+12+"
 
 SETTINGS: tuple[dict, ...] = (
     {"temperature": 1.0, "top_p": 1.0},
@@ -43,7 +44,9 @@ def continuation_distribution(
     min_prob: float = 1e-4,
 ) -> dict[Continuation, float]:
     """Exact probabilities of every continuation (up to `length` tokens, or ending at EOS)
-    with probability >= min_prob. Missing mass belongs to the continuations left out."""
+    with probability >= min_prob. Missing mass belongs to the continuations left out.
+    Continuations made impossible by top-k / top-p after a kept prefix are listed with
+    probability 0, so a sampler that ever produces one fails the test outright."""
     done: dict[Continuation, float] = {}
     frontier: list[tuple[Continuation, float]] = [((), 1.0)]
     for depth in range(length):
@@ -56,9 +59,12 @@ def continuation_distribution(
         for (prefix, mass), row in zip(frontier, probs.tolist()):
             for tok, p in enumerate(row):
                 q = mass * p
+                seq = (*prefix, tok)
+                if p == 0.0:
+                    done[seq] = 0.0
+                    continue
                 if q < min_prob:
                     continue
-                seq = (*prefix, tok)
                 if tok == eos_id or depth == length - 1:
                     done[seq] = q
                 else:
@@ -67,8 +73,15 @@ def continuation_distribution(
     return done
 
 
-def empirical(samples: Iterable[Sequence[int]], length: int) -> Counter:
-    return Counter(tuple(s[:length]) for s in samples)
+def empirical(samples: Iterable[Sequence[int]], length: int, exact: dict[Continuation, float]) -> Counter:
+    """Counts of sampled continuations; a sample whose prefix is an impossible continuation
+    (probability 0 in `exact`) is counted under that prefix."""
+    out: Counter = Counter()
+    for s in samples:
+        seq = tuple(s[:length])
+        key = next((seq[:i] for i in range(1, len(seq)) if exact.get(seq[:i]) == 0.0), seq)
+        out[key] += 1
+    return out
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,7 @@ def check_samples(
     alpha: float,
     acceptance_length: float = 1.0,
 ) -> LosslessCheck:
-    fit = goodness_of_fit(empirical(samples, length), exact)
+    fit = goodness_of_fit(empirical(samples, length, exact), exact)
     return LosslessCheck(
         setting=setting,
         fit=fit,

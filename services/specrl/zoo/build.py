@@ -53,6 +53,7 @@ class ZooSpec:
     eagle_lr: float = 3e-3
     eagle_ttt_steps: int = 4
     generic_texts: int = 2048
+    generic_max_tokens: int = 64  # same length as the task's rollouts: same cost per step
     # external draft model (draft_model method)
     draft_layers: int = 2
     draft_steps: int = 200
@@ -95,7 +96,9 @@ def build_zoo(
     force: bool = False,
     console: Console | None = None,
 ) -> dict:
-    """Build the zoo at `root` unless an identical build is cached; returns the manifest."""
+    """Build the zoo at `root` unless an identical build is cached; returns the manifest.
+
+    An interrupted build with the same key resumes at its first unfinished stage."""
     root = root or zoo_root()
     spec = spec or ZooSpec()
     console = console or Console(stderr=True)
@@ -105,8 +108,11 @@ def build_zoo(
         if manifest and manifest.get("key") == key and not force:
             return manifest
         tmp = root.parent / f".{root.name}.building"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        key_file = tmp / "key"
+        if force or not key_file.exists() or key_file.read_text() != key:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            key_file.write_text(key)
         manifest = _build(tmp, seed=seed, spec=spec, console=console)
         manifest["key"] = key
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -119,19 +125,35 @@ def build_zoo(
         return manifest
 
 
-def _stage(console: Console, name: str) -> tuple[Callable[[int, int, float], None], Callable[[], float]]:
-    """A progress callback that prints every ~10% and a stopwatch for the stage."""
-    t0 = time.perf_counter()
-    last = [-1]
+class _Stages:
+    """Runs named build stages once: a finished stage leaves `<name>.done.json` with its
+    manifest entry, and a resumed build reuses it instead of running the stage again."""
 
-    def progress(step: int, total: int, loss: float) -> None:
-        decile = step * 10 // total
-        if decile != last[0]:
-            last[0] = decile
-            el = time.perf_counter() - t0
-            console.print(f"  [dim]{name}: step {step}/{total} loss {loss:.3f} ({el:.0f}s)[/dim]")
+    def __init__(self, out: Path, console: Console) -> None:
+        self.out, self.console = out, console
 
-    return progress, lambda: time.perf_counter() - t0
+    def run(self, name: str, fn: Callable[[Progress], dict]) -> dict:
+        marker = self.out / f"{name}.done.json"
+        if marker.exists():
+            self.console.print(f"  [dim]{name}: reused from an interrupted build[/dim]")
+            return json.loads(marker.read_text())
+        t0 = time.perf_counter()
+        last = [-1]
+
+        def progress(step: int, total: int, loss: float) -> None:
+            decile = step * 10 // total
+            if decile != last[0]:
+                last[0] = decile
+                el = time.perf_counter() - t0
+                self.console.print(f"  [dim]{name}: step {step}/{total} loss {loss:.3f} ({el:.0f}s)[/dim]")
+
+        info = fn(progress)
+        info["seconds"] = round(time.perf_counter() - t0, 1)
+        marker.write_text(json.dumps(info))
+        return info
+
+
+Progress = Callable[[int, int, float], None]
 
 
 def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
@@ -145,16 +167,12 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
     from specrl.zoo.pretrain import train_causal_lm
     from specrl.zoo.rollouts import accuracy, sample_completions
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     t_start = time.perf_counter()
-    models: dict[str, dict] = {}
+    stages = _Stages(out, console)
     tk = task_kwargs(spec)
-
-    # -- tokenizer + target ------------------------------------------------------------
     target_dir = out / "target"
     tokenizer.build(target_dir)
     tok = AutoTokenizer.from_pretrained(str(target_dir))
-    torch.manual_seed(seed)
     cfg = Qwen3Config(
         vocab_size=tokenizer.VOCAB_SIZE,
         hidden_size=spec.hidden_size,
@@ -170,119 +188,140 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
         pad_token_id=tok.eos_token_id,
         torch_dtype="float32",
     )
-    target = Qwen3ForCausalLM(cfg)
     corpus = [p.prompt + p.solution for p in task.take(spec.corpus_size, seed=seed, **tk)]
-    console.print(f"[bold]target[/bold]: Qwen3 {spec.num_layers} layers, hidden {spec.hidden_size}")
-    progress, took = _stage(console, "target")
-    train_causal_lm(
-        target,
-        tok,
-        corpus,
-        steps=spec.target_steps,
-        batch_size=spec.target_batch,
-        lr=spec.target_lr,
-        seed=seed,
-        progress=progress,
-    )
-    target.save_pretrained(str(target_dir))
-    test = task.take(256, seed=seed + 1, split="test", **tk)
-    acc_greedy = accuracy(target, tok, test, temperature=0.0)
-    acc_sampled = accuracy(target, tok, test, temperature=1.0, seed=seed)
-    n_params = sum(p.numel() for p in target.parameters())
-    models["target"] = {
-        "summary": f"Qwen3 {n_params / 1e6:.1f}M params, test accuracy greedy "
-        f"{acc_greedy:.2f} / sampled {acc_sampled:.2f}",
-        "params": n_params,
-        "test_accuracy_greedy": acc_greedy,
-        "test_accuracy_sampled": acc_sampled,
-        "seconds": round(took(), 1),
-    }
 
-    # -- target rollouts (the draft's in-domain data) ----------------------------------
-    progress, took = _stage(console, "rollouts")
+    # -- target ----------------------------------------------------------------------------
+    def build_target(progress: Progress) -> dict:
+        console.print(f"[bold]target[/bold]: Qwen3, {spec.num_layers} layers, hidden {spec.hidden_size}")
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(cfg)
+        train_causal_lm(
+            model,
+            tok,
+            corpus,
+            steps=spec.target_steps,
+            batch_size=spec.target_batch,
+            lr=spec.target_lr,
+            seed=seed,
+            progress=progress,
+        )
+        model.save_pretrained(str(target_dir))
+        test = task.take(256, seed=seed + 1, split="test", **tk)
+        greedy = accuracy(model, tok, test, temperature=0.0)
+        sampled = accuracy(model, tok, test, temperature=1.0, seed=seed)
+        n_params = sum(p.numel() for p in model.parameters())
+        console.print(f"  [dim]target: test accuracy greedy {greedy:.2f}, sampled {sampled:.2f}[/dim]")
+        return {
+            "summary": f"Qwen3 {n_params / 1e6:.1f}M params, test accuracy greedy {greedy:.2f} / "
+            f"sampled {sampled:.2f}",
+            "params": n_params,
+            "test_accuracy_greedy": greedy,
+            "test_accuracy_sampled": sampled,
+        }
+
+    models = {"target": stages.run("target", build_target)}
+    target = Qwen3ForCausalLM.from_pretrained(str(target_dir), torch_dtype=torch.float32).eval()
+
+    # -- target rollouts: the drafts' in-domain data ---------------------------------------
     prompts = [p.prompt for p in task.take(spec.rollouts, seed=seed + 2, **tk)]
-    completions = sample_completions(
-        target, tok, prompts, max_new_tokens=spec.rollout_max_tokens, temperature=1.0, seed=seed
-    )
-    console.print(f"  [dim]rollouts: {len(completions)} in {took():.0f}s[/dim]")
+    rollouts_file = out / "rollouts.json"
 
-    # -- EAGLE-3 heads: domain init and generic init -----------------------------------
+    def build_rollouts(progress: Progress) -> dict:
+        comps = sample_completions(
+            target, tok, prompts, max_new_tokens=spec.rollout_max_tokens, temperature=1.0, seed=seed
+        )
+        rollouts_file.write_text(json.dumps(comps))
+        console.print(f"  [dim]rollouts: {len(comps)} target samples[/dim]")
+        return {"count": len(comps)}
+
+    stages.run("rollouts", build_rollouts)
+    completions: list[list[int]] = json.loads(rollouts_file.read_text())
+
+    # -- EAGLE-3 heads: domain init and generic init ---------------------------------------
     aux_ids = default_aux_layer_ids(spec.num_layers)
     head_cfg = Eagle3Config.for_target(cfg, aux_ids)
-    embed = target.get_input_embeddings().weight
 
-    def seqs_with_masks(prefixes: list[str], bodies: list[list[int]]):
+    def with_masks(prefixes: list[str], bodies: list[list[int]]) -> tuple[list, list]:
         seqs, masks = [], []
         for prefix, body in zip(prefixes, bodies):
             pids = tok(prefix, add_special_tokens=False)["input_ids"] if prefix else []
-            s = pids + body
+            seq = pids + body
             start = max(0, len(pids) - 1)  # first target position that predicts the body
-            seqs.append(s)
-            masks.append([0] * start + [1] * (len(s) - 1 - start) + [0])
+            seqs.append(seq)
+            masks.append([0] * start + [1] * (len(seq) - 1 - start) + [0])
         return seqs, masks
 
-    dom_seqs, dom_masks = seqs_with_masks(prompts, completions)
+    dom_seqs, dom_masks = with_masks(prompts, completions)
     n_hold = max(64, len(dom_seqs) // 16)
-    feats_hold = capture(target, dom_seqs[:n_hold], dom_masks[:n_hold], aux_ids, pad_id=tok.eos_token_id)
     generic = generic_text.corpus(spec.generic_texts, seed=seed + 3)
-    gen_ids = [tok(g, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for g in generic]
-    gen_seqs, gen_masks = seqs_with_masks([""] * len(gen_ids), gen_ids)
+    gen_ids = [tok(g, add_special_tokens=False)["input_ids"][: spec.generic_max_tokens] for g in generic]
+    gen_seqs, gen_masks = with_masks([""] * len(gen_ids), gen_ids)
+
+    def build_head(seqs: list, masks: list):
+        def run(progress: Progress) -> dict:
+            feats = capture(target, seqs, masks, aux_ids, pad_id=tok.eos_token_id)
+            torch.manual_seed(seed)
+            head = Eagle3Head(head_cfg, target.get_input_embeddings().weight)
+            with torch.no_grad():  # start from the target's output layer, as EAGLE-3 does
+                head.lm_head.weight.copy_(target.lm_head.weight)
+                head.norm.weight.copy_(target.model.norm.weight)
+            train_head(
+                head,
+                feats,
+                steps=spec.eagle_steps,
+                batch_size=spec.eagle_batch,
+                lr=spec.eagle_lr,
+                ttt_steps=spec.eagle_ttt_steps,
+                seed=seed,
+                progress=progress,
+            )
+            hold = capture(target, dom_seqs[:n_hold], dom_masks[:n_hold], aux_ids, pad_id=tok.eos_token_id)
+            agree = evaluate_head(head, hold, spec.eagle_ttt_steps)
+            return head, agree
+
+        return run
+
     for name, seqs, masks in (
         ("eagle3-domain", dom_seqs[n_hold:], dom_masks[n_hold:]),
         ("eagle3-generic", gen_seqs, gen_masks),
     ):
-        progress, took = _stage(console, name)
-        feats = capture(target, seqs, masks, aux_ids, pad_id=tok.eos_token_id)
+        train = build_head(seqs, masks)
+
+        def build_eagle(progress: Progress, train=train, name=name) -> dict:
+            head, agree = train(progress)
+            head.save(out / name)
+            return {
+                "summary": f"EAGLE-3 head, aux layers {list(aux_ids)}, held-out top-1 agreement "
+                + "/".join(f"{a:.2f}" for a in agree),
+                "aux_layer_ids": list(aux_ids),
+                "heldout_top1_agreement": agree,
+            }
+
+        models[name] = stages.run(name, build_eagle)
+
+    # -- external draft model (same tokenizer, fewer layers) -------------------------------
+    def build_draft(progress: Progress) -> dict:
+        fields = {k: v for k, v in cfg.to_dict().items() if k != "layer_types"}
+        draft_cfg = Qwen3Config(**{**fields, "num_hidden_layers": spec.draft_layers})
         torch.manual_seed(seed)
-        head = Eagle3Head(head_cfg, embed)
-        with torch.no_grad():  # start from the target's output layer, as EAGLE-3 does
-            head.lm_head.weight.copy_(target.lm_head.weight)
-            head.norm.weight.copy_(target.model.norm.weight)
-        train_head(
-            head,
-            feats,
-            steps=spec.eagle_steps,
-            batch_size=spec.eagle_batch,
-            lr=spec.eagle_lr,
-            ttt_steps=spec.eagle_ttt_steps,
+        draft = Qwen3ForCausalLM(draft_cfg)
+        texts = [p + tok.decode(c, skip_special_tokens=True) for p, c in zip(prompts, completions)]
+        train_causal_lm(
+            draft,
+            tok,
+            texts + corpus[: len(texts)],
+            steps=spec.draft_steps,
+            batch_size=spec.target_batch,
+            lr=spec.draft_lr,
             seed=seed,
             progress=progress,
         )
-        agree = evaluate_head(head, feats_hold, spec.eagle_ttt_steps)
-        head.save(out / name)
-        models[name] = {
-            "summary": f"EAGLE-3 head, aux layers {list(aux_ids)}, held-out top-1 agreement "
-            + "/".join(f"{a:.2f}" for a in agree),
-            "aux_layer_ids": list(aux_ids),
-            "heldout_top1_agreement": agree,
-            "seconds": round(took(), 1),
-        }
+        draft.save_pretrained(str(out / "draft"))
+        tok.save_pretrained(str(out / "draft"))
+        n = sum(p.numel() for p in draft.parameters())
+        return {"summary": f"Qwen3 {spec.draft_layers} layers, {n / 1e6:.1f}M params", "params": n}
 
-    # -- external draft model (same tokenizer, 2 layers) -------------------------------
-    progress, took = _stage(console, "draft")
-    draft_cfg = Qwen3Config(**{**cfg.to_dict(), "num_hidden_layers": spec.draft_layers})
-    torch.manual_seed(seed)
-    draft = Qwen3ForCausalLM(draft_cfg)
-    rollout_texts = [p + tok.decode(c, skip_special_tokens=True) for p, c in zip(prompts, completions)]
-    train_causal_lm(
-        draft,
-        tok,
-        rollout_texts + corpus[: len(rollout_texts)],
-        steps=spec.draft_steps,
-        batch_size=spec.target_batch,
-        lr=spec.draft_lr,
-        seed=seed,
-        progress=progress,
-    )
-    draft_dir = out / "draft"
-    draft.save_pretrained(str(draft_dir))
-    tok.save_pretrained(str(draft_dir))
-    models["draft"] = {
-        "summary": f"Qwen3 {spec.draft_layers} layers, "
-        f"{sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M params",
-        "seconds": round(took(), 1),
-    }
-
+    models["draft"] = stages.run("draft", build_draft)
     return {
         "seed": seed,
         "build_version": BUILD_VERSION,
