@@ -5,6 +5,7 @@ import urllib.request
 
 import grpc
 import pytest
+import torch
 from grpc_health.v1 import health_pb2
 
 from specrl.rollout.client import RolloutClient
@@ -102,6 +103,8 @@ def test_status_health_and_metrics(eagle):
     assert (st.engine, st.speculation_method, st.num_speculative_tokens) == ("vllm", "eagle3", 3)
     assert st.self_test_passed and st.self_test_p_value > 1e-4 and st.draft_model.endswith("eagle3-domain")
     assert c.health() == health_pb2.HealthCheckResponse.SERVING
+    if not torch.cuda.is_available():
+        assert list(st.engine_patches) == ["fix_cpu_expand_batch_to_tokens"]
     port = re.search(r"metrics on :(\d+)", proc.log_tail(400)).group(1)
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     for name in (

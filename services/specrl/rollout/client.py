@@ -73,9 +73,6 @@ class RolloutClient:
         """The standard gRPC health status of the server (SERVING = 1)."""
         return self._health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        grpc.channel_ready_future(self._channel).result(timeout=timeout)
-
     def close(self) -> None:
         self._channel.close()
 

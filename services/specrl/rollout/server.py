@@ -110,6 +110,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             requests_in_flight=svc.in_flight,
             max_model_len=info.max_model_len,
             vocab_size=info.vocab_size,
+            engine_patches=svc.engine_patches,
         )
 
 
@@ -152,7 +153,7 @@ async def serve(cfg: RolloutServerConfig, *, ready_file: str | None = None) -> i
     engine = create_engine(cfg)
     service = RolloutService(cfg, engine, rollout_metrics)
     try:
-        await service.run_self_test()
+        await service.start()
         server, port, _ = await create_server(service, f"{cfg.host}:{cfg.port}")
         log.info(
             "rollout server on %s:%d (model %s, speculation %s k=%d)%s",

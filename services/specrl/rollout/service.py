@@ -39,6 +39,7 @@ class RolloutService:
         self.policy_version = cfg.policy_version
         self.draft_version = cfg.draft_version
         self.self_test: SelfTestResult | None = None
+        self.engine_patches: list[str] = []
         self.in_flight = 0
         self._ids = itertools.count()
         metrics.policy_version.set(self.policy_version)
@@ -48,6 +49,12 @@ class RolloutService:
     @property
     def serving(self) -> bool:
         return self.self_test is None or self.self_test.passed
+
+    async def start(self) -> None:
+        """Ask the engine which specrl fixes it runs, then self-test its sampler."""
+        self.engine_patches = await self.engine.applied_patches()
+        log.info("engine fixes active in the workers: %s", self.engine_patches or "none")
+        await self.run_self_test()
 
     async def run_self_test(self) -> SelfTestResult | None:
         """Check the engine's speculative sampler; afterwards `serving` says whether
