@@ -49,7 +49,7 @@ def run_demo(console: Console) -> int:
             return 1
 
         console.rule("3. lossless: sampled continuations vs the exact target distribution")
-        report = verify_server(proc.address, model=None, samples=4000, alpha=1e-3, console=console)
+        report = verify_server(proc.address, model=None, samples=6000, alpha=1e-3, console=console)
 
         console.rule("4. GRPO-style rollouts (8 prompts x 4 samples)")
         problems = task.take(8, seed=2024, split="test", **task_kwargs(ZooSpec()))

@@ -41,7 +41,7 @@ def hf(zoo):
 
     path = f"{zoo['root']}/target"
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return model, tok, tok(PROBE_PROMPT, add_special_tokens=False)["input_ids"]
 
 

@@ -99,6 +99,9 @@ def test_bad_input_is_invalid_argument_naming_the_field_and_server_survives(eagl
 
 def test_status_health_and_metrics(eagle):
     proc, c = eagle
+    c.generate(["Q: 4+4=?\nA:"], n=2, max_tokens=20)
+    with pytest.raises(grpc.RpcError):
+        c.generate([""])
     st = c.status()
     assert (st.engine, st.speculation_method, st.num_speculative_tokens) == ("vllm", "eagle3", 3)
     assert st.self_test_passed and st.self_test_p_value > 1e-4 and st.draft_model.endswith("eagle3-domain")
@@ -117,3 +120,34 @@ def test_status_health_and_metrics(eagle):
         "specrl_rollout_engine_queue_depth 0.0",
     ):
         assert name in body, name
+
+
+def test_verify_lossless_command_against_the_running_server(eagle, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    proc, _ = eagle
+    out = tmp_path / "report.json"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specrl.cli",
+            "verify",
+            "lossless",
+            "--address",
+            proc.address,
+            "--samples",
+            "6000",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["passed"] and report["speculation"] == "eagle3" and report["k"] == 3
+    assert len(report["checks"]) == 3 and all(c["power_at_tv_0.05"] > 0.9 for c in report["checks"])

@@ -66,7 +66,7 @@ def test_build_is_reproducible_from_the_seed(tmp_path):
 
     mini = ZooSpec(
         corpus_size=200,
-        num_layers=6,
+        num_layers=7,
         target_steps=3,
         target_batch=8,
         rollouts=16,

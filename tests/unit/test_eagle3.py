@@ -115,8 +115,9 @@ def test_checkpoint_round_trip_in_vllm_layout(tmp_path):
 
 def test_aux_layer_ids_are_one_definition_and_validated():
     assert default_aux_layer_ids(12) == (2, 6, 9)
+    assert default_aux_layer_ids(7) == (2, 3, 4)
     with pytest.raises(ValueError):
-        default_aux_layer_ids(4)
+        default_aux_layer_ids(6)  # (2, 3, 3) would collapse
     with pytest.raises(ValueError, match="distinct"):
         validate_aux_layer_ids([2, 2, 3], 8)
     with pytest.raises(ValueError, match="outside"):

@@ -249,40 +249,29 @@ def _plot(path: Path, rows: list[dict], concurrency: list[int]) -> None:
     plt.close(fig)
 
 
+TABLE_COLUMNS = (
+    "method",
+    "draft",
+    "k",
+    "concurrency",
+    "tokens_per_s",
+    "acceptance_length",
+    "speedup_vs_ar",
+    "ms_per_engine_step",
+)
+
+
 def markdown_table(rows: list[dict]) -> str:
     """The rows as the Markdown table docs/benchmarks.md shows."""
-    cols = (
-        "method",
-        "draft",
-        "k",
-        "concurrency",
-        "tokens_per_s",
-        "acceptance_length",
-        "speedup_vs_ar",
-        "ms_per_engine_step",
-    )
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    lines += ["| " + " | ".join(str(r[c]) for c in TABLE_COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def _print_table(rows: list[dict], console: Console) -> None:
     table = Table(title="rollout benchmark")
-    for col in ("method", "draft", "k", "concurrency", "tokens_per_s", "acceptance_length", "speedup_vs_ar"):
+    for col in TABLE_COLUMNS:
         table.add_column(col)
     for r in rows:
-        table.add_row(
-            *(
-                str(r[c])
-                for c in (
-                    "method",
-                    "draft",
-                    "k",
-                    "concurrency",
-                    "tokens_per_s",
-                    "acceptance_length",
-                    "speedup_vs_ar",
-                )
-            )
-        )
+        table.add_row(*(str(r[c]) for c in TABLE_COLUMNS))
     console.print(table)

@@ -21,8 +21,8 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     Explicit, distinct ids are always written into the draft config: vLLM's implicit
     default collapses to duplicates on shallow targets.
     """
-    if num_layers < 6:
-        raise ValueError(f"EAGLE-3 needs a target with at least 6 layers, got {num_layers}")
+    if num_layers < 7:  # below 7 the three ids are not distinct
+        raise ValueError(f"EAGLE-3 needs a target with at least 7 layers, got {num_layers}")
     return (2, num_layers // 2, num_layers - 3)
 
 

@@ -142,7 +142,7 @@ def verify_server(
         status = client.status()
         path = model or status.model
         tok = AutoTokenizer.from_pretrained(path)
-        hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         prompt_ids = tok(PROBE_PROMPT, add_special_tokens=False)["input_ids"]
         rows, passed = [], True
         for setting in SETTINGS:
