@@ -129,6 +129,23 @@ def bench_rollout(
     )
 
 
+@bench_app.command("weightsync")
+def bench_weightsync(
+    out: Path = typer.Option(Path("docs/bench/weightsync.json"), help="JSON output (PNG beside)."),
+    sizes: str = typer.Option("25M,100M,400M", help="Comma-separated model sizes (25M, 100M, 400M)."),
+    repeats: int = typer.Option(3, min=1, help="Timed pushes per configuration (median reported)."),
+    bucket_mb: float = typer.Option(256.0, min=1, help="Broadcast bucket size in MiB."),
+) -> None:
+    """Weight sync end to end into real rollout servers vs a raw broadcast of the same bytes."""
+    from specrl.bench.weightsync import SIZES, run_weightsync_bench
+
+    chosen = [s.strip() for s in sizes.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SIZES]
+    if unknown or not chosen:
+        _fail(f"unknown sizes {unknown}; choose from {', '.join(SIZES)}")
+    run_weightsync_bench(out, sizes=chosen, repeats=repeats, bucket_mb=bucket_mb, console=console)
+
+
 @app.command("demo")
 def demo() -> None:
     """Build the zoo, serve the target with EAGLE-3, self-test, verify and sample."""

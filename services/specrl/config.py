@@ -100,6 +100,42 @@ class SelfTestConfig(StrictModel):
     seed: int = 1234
 
 
+WeightKind = Literal["policy", "draft"]
+
+
+class WeightReceiverConfig(StrictModel):
+    """How a rollout server takes weight updates (see docs/weightsync.md)."""
+
+    # Kinds that must be synced once before Generate is served: a replica added to a
+    # running system waits here until the senders caught it up.
+    await_kinds: tuple[WeightKind, ...] = ()
+    # Begin waits this long for in-flight requests to finish on the old weights.
+    drain_timeout_s: float = Field(300.0, gt=0)
+    # Commit waits this long for the broadcast to land in the engine.
+    receive_timeout_s: float = Field(300.0, gt=0)
+    # Stale-draft alarm: the draft was trained against a policy more than this many
+    # versions older than the one being served.
+    max_draft_lag: int = Field(2, ge=0)
+
+
+class WeightSenderConfig(StrictModel):
+    """A publisher of policy (trainer) or draft (draft-trainer) weights."""
+
+    kind: WeightKind = "policy"
+    # Address the receivers reach this process's rendezvous store at.
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)  # 0 picks a free port
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
+    bucket_mb: float = Field(256.0, gt=0)
+    # Cast floating tensors to this dtype before sending (None: as they are).
+    send_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    # Collective timeout: a receiver that stops taking part is noticed within this.
+    timeout_s: float = Field(60.0, gt=0)
+    rpc_timeout_s: float = Field(30.0, gt=0)
+    # Full re-sends after a failed push (dead members dropped, group re-formed).
+    retries: int = Field(1, ge=0)
+
+
 class RolloutServerConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535)  # 0 picks a free port
@@ -112,6 +148,7 @@ class RolloutServerConfig(StrictModel):
     draft_version: int = Field(0, ge=0)
     # Upper bound on prompts x n in one Generate call (protects the server).
     max_samples_per_request: int = Field(65536, ge=1)
+    weight_sync: WeightReceiverConfig = WeightReceiverConfig()
 
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)

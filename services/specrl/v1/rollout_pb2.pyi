@@ -13,10 +13,19 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
+
+class WeightKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEIGHT_KIND_UNSPECIFIED: _ClassVar[WeightKind]
+    WEIGHT_KIND_POLICY: _ClassVar[WeightKind]
+    WEIGHT_KIND_DRAFT: _ClassVar[WeightKind]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
+WEIGHT_KIND_UNSPECIFIED: WeightKind
+WEIGHT_KIND_POLICY: WeightKind
+WEIGHT_KIND_DRAFT: WeightKind
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -115,7 +124,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("engine", "engine_version", "model", "speculation_method", "num_speculative_tokens", "draft_model", "policy_version", "draft_version", "self_test_passed", "self_test_p_value", "self_test_detail", "requests_in_flight", "max_model_len", "vocab_size", "engine_patches")
+    __slots__ = ("engine", "engine_version", "model", "speculation_method", "num_speculative_tokens", "draft_model", "policy_version", "draft_version", "self_test_passed", "self_test_p_value", "self_test_detail", "requests_in_flight", "max_model_len", "vocab_size", "engine_patches", "weight_sync_workers", "weight_sync")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +140,8 @@ class RolloutStatus(_message.Message):
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_PATCHES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SYNC_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SYNC_FIELD_NUMBER: _ClassVar[int]
     engine: str
     engine_version: str
     model: str
@@ -146,4 +157,112 @@ class RolloutStatus(_message.Message):
     max_model_len: int
     vocab_size: int
     engine_patches: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., draft_model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., self_test_passed: _Optional[bool] = ..., self_test_p_value: _Optional[float] = ..., self_test_detail: _Optional[str] = ..., requests_in_flight: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., engine_patches: _Optional[_Iterable[str]] = ...) -> None: ...
+    weight_sync_workers: int
+    weight_sync: WeightSyncState
+    def __init__(self, engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., draft_model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., self_test_passed: _Optional[bool] = ..., self_test_p_value: _Optional[float] = ..., self_test_detail: _Optional[str] = ..., requests_in_flight: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., engine_patches: _Optional[_Iterable[str]] = ..., weight_sync_workers: _Optional[int] = ..., weight_sync: _Optional[_Union[WeightSyncState, _Mapping]] = ...) -> None: ...
+
+class JoinWeightGroupRequest(_message.Message):
+    __slots__ = ("kind", "epoch", "store_host", "store_port", "rank_offset", "world_size", "backend", "timeout_s")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STORE_HOST_FIELD_NUMBER: _ClassVar[int]
+    STORE_PORT_FIELD_NUMBER: _ClassVar[int]
+    RANK_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    kind: WeightKind
+    epoch: int
+    store_host: str
+    store_port: int
+    rank_offset: int
+    world_size: int
+    backend: str
+    timeout_s: float
+    def __init__(self, kind: _Optional[_Union[WeightKind, str]] = ..., epoch: _Optional[int] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., rank_offset: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class JoinWeightGroupResponse(_message.Message):
+    __slots__ = ("ranks",)
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "shape", "dtype", "bucket", "offset", "nbytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    bucket: int
+    offset: int
+    nbytes: int
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., bucket: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class WeightManifest(_message.Message):
+    __slots__ = ("tensors", "bucket_bytes")
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    bucket_bytes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BeginWeightUpdateRequest(_message.Message):
+    __slots__ = ("kind", "version", "epoch", "manifest", "policy_version")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    kind: WeightKind
+    version: int
+    epoch: int
+    manifest: WeightManifest
+    policy_version: int
+    def __init__(self, kind: _Optional[_Union[WeightKind, str]] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class CommitWeightUpdateRequest(_message.Message):
+    __slots__ = ("kind", "version")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    kind: WeightKind
+    version: int
+    def __init__(self, kind: _Optional[_Union[WeightKind, str]] = ..., version: _Optional[int] = ...) -> None: ...
+
+class AbortWeightUpdateRequest(_message.Message):
+    __slots__ = ("kind", "version", "reason")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    kind: WeightKind
+    version: int
+    reason: str
+    def __init__(self, kind: _Optional[_Union[WeightKind, str]] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WeightSyncState(_message.Message):
+    __slots__ = ("policy_version", "draft_version", "draft_policy_version", "ready", "detail", "state", "policy_epoch", "draft_epoch", "last_seconds", "last_bytes")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    draft_version: int
+    draft_policy_version: int
+    ready: bool
+    detail: str
+    state: str
+    policy_epoch: int
+    draft_epoch: int
+    last_seconds: float
+    last_bytes: int
+    def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., draft_policy_version: _Optional[int] = ..., ready: _Optional[bool] = ..., detail: _Optional[str] = ..., state: _Optional[str] = ..., policy_epoch: _Optional[int] = ..., draft_epoch: _Optional[int] = ..., last_seconds: _Optional[float] = ..., last_bytes: _Optional[int] = ...) -> None: ...

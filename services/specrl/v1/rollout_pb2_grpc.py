@@ -49,6 +49,26 @@ class RolloutServiceStub:
                 request_serializer=specrl_dot_v1_dot_rollout__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=specrl_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
                 _registered_method=True)
+        self.JoinWeightGroup = channel.unary_unary(
+                '/specrl.v1.RolloutService/JoinWeightGroup',
+                request_serializer=specrl_dot_v1_dot_rollout__pb2.JoinWeightGroupRequest.SerializeToString,
+                response_deserializer=specrl_dot_v1_dot_rollout__pb2.JoinWeightGroupResponse.FromString,
+                _registered_method=True)
+        self.BeginWeightUpdate = channel.unary_unary(
+                '/specrl.v1.RolloutService/BeginWeightUpdate',
+                request_serializer=specrl_dot_v1_dot_rollout__pb2.BeginWeightUpdateRequest.SerializeToString,
+                response_deserializer=specrl_dot_v1_dot_rollout__pb2.WeightSyncState.FromString,
+                _registered_method=True)
+        self.CommitWeightUpdate = channel.unary_unary(
+                '/specrl.v1.RolloutService/CommitWeightUpdate',
+                request_serializer=specrl_dot_v1_dot_rollout__pb2.CommitWeightUpdateRequest.SerializeToString,
+                response_deserializer=specrl_dot_v1_dot_rollout__pb2.WeightSyncState.FromString,
+                _registered_method=True)
+        self.AbortWeightUpdate = channel.unary_unary(
+                '/specrl.v1.RolloutService/AbortWeightUpdate',
+                request_serializer=specrl_dot_v1_dot_rollout__pb2.AbortWeightUpdateRequest.SerializeToString,
+                response_deserializer=specrl_dot_v1_dot_rollout__pb2.WeightSyncState.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -75,6 +95,35 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinWeightGroup(self, request, context):
+        """Weight sync (docs/weightsync.md). A sender (trainer: policy; draft-trainer: draft)
+        forms a torch.distributed group with every engine worker, then for each update:
+        Begin (validate the manifest, drain in-flight requests, start receiving), the
+        bucketed broadcast, Commit (wait for the load, reset the prefix cache, switch the
+        version atomically), or Abort.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BeginWeightUpdate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitWeightUpdate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortWeightUpdate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +141,26 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=specrl_dot_v1_dot_rollout__pb2.GetStatusRequest.FromString,
                     response_serializer=specrl_dot_v1_dot_rollout__pb2.RolloutStatus.SerializeToString,
+            ),
+            'JoinWeightGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinWeightGroup,
+                    request_deserializer=specrl_dot_v1_dot_rollout__pb2.JoinWeightGroupRequest.FromString,
+                    response_serializer=specrl_dot_v1_dot_rollout__pb2.JoinWeightGroupResponse.SerializeToString,
+            ),
+            'BeginWeightUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginWeightUpdate,
+                    request_deserializer=specrl_dot_v1_dot_rollout__pb2.BeginWeightUpdateRequest.FromString,
+                    response_serializer=specrl_dot_v1_dot_rollout__pb2.WeightSyncState.SerializeToString,
+            ),
+            'CommitWeightUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitWeightUpdate,
+                    request_deserializer=specrl_dot_v1_dot_rollout__pb2.CommitWeightUpdateRequest.FromString,
+                    response_serializer=specrl_dot_v1_dot_rollout__pb2.WeightSyncState.SerializeToString,
+            ),
+            'AbortWeightUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortWeightUpdate,
+                    request_deserializer=specrl_dot_v1_dot_rollout__pb2.AbortWeightUpdateRequest.FromString,
+                    response_serializer=specrl_dot_v1_dot_rollout__pb2.WeightSyncState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +244,114 @@ class RolloutService:
             '/specrl.v1.RolloutService/GetStatus',
             specrl_dot_v1_dot_rollout__pb2.GetStatusRequest.SerializeToString,
             specrl_dot_v1_dot_rollout__pb2.RolloutStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinWeightGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrl.v1.RolloutService/JoinWeightGroup',
+            specrl_dot_v1_dot_rollout__pb2.JoinWeightGroupRequest.SerializeToString,
+            specrl_dot_v1_dot_rollout__pb2.JoinWeightGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginWeightUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrl.v1.RolloutService/BeginWeightUpdate',
+            specrl_dot_v1_dot_rollout__pb2.BeginWeightUpdateRequest.SerializeToString,
+            specrl_dot_v1_dot_rollout__pb2.WeightSyncState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitWeightUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrl.v1.RolloutService/CommitWeightUpdate',
+            specrl_dot_v1_dot_rollout__pb2.CommitWeightUpdateRequest.SerializeToString,
+            specrl_dot_v1_dot_rollout__pb2.WeightSyncState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortWeightUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrl.v1.RolloutService/AbortWeightUpdate',
+            specrl_dot_v1_dot_rollout__pb2.AbortWeightUpdateRequest.SerializeToString,
+            specrl_dot_v1_dot_rollout__pb2.WeightSyncState.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from specrl.weightsync.group import JoinInfo
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -72,6 +75,8 @@ class EngineInfo:
     draft: str
     max_model_len: int
     vocab_size: int
+    # Processes holding model weights; each joins a weight-sync group.
+    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -103,5 +108,16 @@ class Engine(Protocol):
     async def applied_patches(self) -> list[str]:
         """specrl's engine fixes active in the engine's worker processes."""
         ...
+
+    async def join_weight_group(self, info: JoinInfo) -> list[int]:
+        """Every worker joins the sender's group; returns their ranks."""
+        ...
+
+    async def receive_weights(self, kind: str, epoch: int, manifest: dict) -> dict:
+        """Receive one broadcast update into the policy or draft model. Never raises for a
+        failed transfer: returns {"ok", "buckets" (loaded before any failure), ...}."""
+        ...
+
+    async def reset_prefix_cache(self) -> bool: ...
 
     def shutdown(self) -> None: ...

@@ -5,12 +5,13 @@ Engine settings that RL correctness depends on are fixed here, not left to calle
   - logprobs_mode="processed_logprobs": log-probs after temperature / top-k / top-p, the
     distribution the sampler actually drew from (vLLM's default is before temperature);
   - per-request spec-decode metrics, so every sample carries its own acceptance counts;
-  - specrl's worker extension (self-test; weight sync later) and, through the
+  - specrl's worker extension (sampler self-test, weight-sync receiver) and, through the
     `vllm.general_plugins` entry point, specrl's engine fixes in every engine process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
@@ -23,6 +24,7 @@ from specrl.rollout.engines.base import (
     Sampling,
     SelfTestResult,
 )
+from specrl.weightsync.group import JoinInfo
 
 log = logging.getLogger("specrl.rollout.vllm")
 
@@ -84,6 +86,7 @@ class VllmEngine:
             draft=(spec or {}).get("model", ""),
             max_model_len=engine.max_model_len,
             vocab_size=hf.vocab_size,
+            workers=engine.tensor_parallel_size,
         )
         self._llm = AsyncLLM.from_engine_args(args)
 
@@ -149,6 +152,28 @@ class VllmEngine:
         """specrl fixes active in the engine's worker process(es)."""
         results = await self._llm.collective_rpc("specrl_applied_patches")
         return sorted(set().union(*results))
+
+    async def join_weight_group(self, info: JoinInfo) -> list[int]:
+        # plain data across the engine-core boundary (its serializer turns dataclasses into dicts)
+        args = (dataclasses.asdict(info),)
+        return list(await self._llm.collective_rpc("specrl_join_weight_group", args=args))
+
+    async def receive_weights(self, kind: str, epoch: int, manifest: dict) -> dict:
+        try:
+            results = await self._llm.collective_rpc("specrl_receive_weights", args=(kind, epoch, manifest))
+        except Exception as e:  # the engine itself failed; its weights are unknown
+            return {"ok": False, "buckets": -1, "error": f"{type(e).__name__}: {e}"}
+        failed = [r for r in results if not r["ok"]]
+        return {
+            "ok": not failed,
+            "buckets": min(r["buckets"] for r in results),
+            "bytes": results[0].get("bytes", 0),
+            "seconds": max(r["seconds"] for r in results),
+            "error": "; ".join(r["error"] for r in failed),
+        }
+
+    async def reset_prefix_cache(self) -> bool:
+        return bool(await self._llm.reset_prefix_cache())
 
     def shutdown(self) -> None:
         self._llm.shutdown()

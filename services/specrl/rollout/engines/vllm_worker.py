@@ -1,8 +1,11 @@
 """Methods specrl adds to vLLM's workers (`worker_extension_cls`), called through
-`collective_rpc`. They run in the worker process, where the model and sampler live.
-Weight-sync receivers join this class in a later issue."""
+`collective_rpc`. They run in the worker process, where the model and sampler live."""
 
 from __future__ import annotations
+
+from typing import Any
+
+import torch
 
 
 class SpecrlWorkerExtension:
@@ -20,3 +23,80 @@ class SpecrlWorkerExtension:
         from specrl.rollout.engines import vllm_patches
 
         return vllm_patches.applied()
+
+    # -- weight sync ----------------------------------------------------------------
+
+    def _specrl_groups(self) -> dict[str, Any]:
+        groups = getattr(self, "_specrl_weight_groups", None)
+        if groups is None:
+            groups = self._specrl_weight_groups = {}
+        return groups
+
+    def specrl_join_weight_group(self, fields: dict) -> int:
+        """Leave this kind's previous group (if any) and join the one `fields` (a JoinInfo
+        as a dict) describes; blocks until every member has joined. Returns this worker's
+        rank in the group."""
+        from specrl.weightsync.group import JoinInfo, WeightGroup
+
+        info = JoinInfo(**fields)
+        groups = self._specrl_groups()
+        old = groups.pop(info.kind, None)
+        if old is not None:
+            old.close()
+        group = WeightGroup.join(info, self.rank)  # type: ignore[attr-defined]
+        groups[info.kind] = group
+        return group.rank
+
+    def specrl_receive_weights(self, kind: str, epoch: int, manifest: dict) -> dict:
+        """Receive one update from the group and load it into the target (policy) or the
+        drafter (draft) with vLLM's layerwise reload, which restores the checkpoint-format
+        parameters that kernel preparation replaced (e.g. CPU GEMM prepacking), loads
+        each layer as its tensors arrive and re-runs its weight processing."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        from specrl.weightsync.manifest import Manifest
+        from specrl.weightsync.receiver import receive
+
+        group = self._specrl_groups().get(kind)
+        if group is None or group.epoch != epoch:
+            have = "none" if group is None else f"epoch {group.epoch}"
+            return {"ok": False, "buckets": 0, "error": f"not in {kind} weight group epoch {epoch} ({have})"}
+        runner = self.model_runner  # type: ignore[attr-defined]
+        vllm_config = self.vllm_config  # type: ignore[attr-defined]
+        if kind == "policy":
+            model, model_config = runner.get_model(), vllm_config.model_config
+        else:
+            model = runner.get_draft_model()
+            model_config = vllm_config.speculative_config.draft_model_config
+        with set_current_vllm_config(vllm_config):
+            initialize_layerwise_reload(model)
+            try:
+                result = receive(group, Manifest.from_dict(manifest), model.load_weights, runner.device)
+            finally:
+                finalize_layerwise_reload(model, model_config)
+                refresh_tied_weights(model, model_config)
+        return result
+
+
+def refresh_tied_weights(model: torch.nn.Module, model_config: Any) -> None:
+    """Re-run weight processing of embedding modules that share a weight Parameter (tied
+    input embedding and LM head). Only one of them receives the checkpoint tensor, so layerwise
+    reload leaves the other's processed copy stale: on CPU the LM head keeps its old
+    prepacked GEMM weight and logits silently come from the old embedding. Unquantized
+    processing is idempotent, so re-running it is safe; quantized models are left alone."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    if getattr(model_config, "quantization", None) is not None:
+        return
+    sharing: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding):  # ParallelLMHead is a subclass
+            sharing.setdefault(id(module.weight), []).append(module)
+    for modules in sharing.values():
+        if len(modules) > 1:
+            for module in modules:
+                module.quant_method.process_weights_after_loading(module)
