@@ -134,7 +134,7 @@ def bench_weightsync(
     out: Path = typer.Option(Path("docs/bench/weightsync.json"), help="JSON output (PNG beside)."),
     sizes: str = typer.Option("25M,100M,400M", help="Comma-separated model sizes (25M, 100M, 400M)."),
     repeats: int = typer.Option(3, min=1, help="Timed pushes per configuration (median reported)."),
-    bucket_mb: float = typer.Option(256.0, min=1, help="Broadcast bucket size in MiB."),
+    bucket_mb: float = typer.Option(64.0, min=1, help="Broadcast bucket size in MiB."),
 ) -> None:
     """Weight sync end to end into real rollout servers vs a raw broadcast of the same bytes."""
     from specrl.bench.weightsync import SIZES, run_weightsync_bench

@@ -87,6 +87,11 @@ class EngineConfig(StrictModel):
     enable_prefix_caching: bool = True
     seed: int = 0
     tensor_parallel_size: int = Field(1, ge=1)
+    # CPU engines only (vLLM's VLLM_CPU_OMP_THREADS_BIND): "auto" binds the engine's
+    # compute threads to the first free cores, which is core 0 for *every* engine on the
+    # machine, so engines sharing a machine must be given distinct cores, e.g. "1" or
+    # "2-3" ("|" separates tensor-parallel ranks); "nobind" leaves placement to the OS.
+    cpu_threads_bind: str = Field("auto", pattern=r"^(auto|nobind|[0-9,\-|]+)$")
 
 
 class SelfTestConfig(StrictModel):
@@ -126,7 +131,9 @@ class WeightSenderConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)  # 0 picks a free port
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
-    bucket_mb: float = Field(256.0, gt=0)
+    # Smaller buckets pipeline better (the receiver loads bucket i while bucket i+1 is on
+    # the wire); see docs/benchmarks.md for the measurement behind the default.
+    bucket_mb: float = Field(64.0, gt=0)
     # Cast floating tensors to this dtype before sending (None: as they are).
     send_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     # Collective timeout: a receiver that stops taking part is noticed within this.

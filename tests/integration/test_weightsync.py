@@ -6,6 +6,7 @@ The tests share two servers and run in order; each leaves the system in a known 
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -33,12 +34,17 @@ TIMEOUT_S = 8.0  # collective timeout of the test senders
 PROMPTS = [p.prompt for p in task.take(6, seed=3, split="test", max_operand=20, max_terms=3)]
 
 
-def _config(**weight_sync) -> RolloutServerConfig:
+def _config(core: int, **weight_sync) -> RolloutServerConfig:
     return RolloutServerConfig.model_validate(
         {
             "port": 0,
             "metrics_port": 0,
-            "engine": {"model": "zoo:target", "dtype": "float32"},
+            # one core per engine: vLLM's default binding puts every engine on core 0
+            "engine": {
+                "model": "zoo:target",
+                "dtype": "float32",
+                "cpu_threads_bind": str(core % (os.cpu_count() or 1)),
+            },
             "speculation": {"method": "eagle3", "num_speculative_tokens": 3, "draft": "zoo:eagle3-domain"},
             "self_test": {"enabled": False},  # covered by test_lossless; not what is tested here
             "weight_sync": weight_sync,
@@ -112,7 +118,7 @@ def system(servers):
     from transformers import AutoTokenizer
 
     servers.close()  # free the shared pool's CPU for these two engines
-    procs = [RolloutProcess(_config()), RolloutProcess(_config(await_kinds=["policy"]))]
+    procs = [RolloutProcess(_config(0)), RolloutProcess(_config(1, await_kinds=["policy"]))]
     threads = [threading.Thread(target=p.start) for p in procs]
     for t in threads:
         t.start()

@@ -61,7 +61,7 @@ def _write_model(out: Path, layers: int, seed: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _server_config(model: Path) -> RolloutServerConfig:
+def _server_config(model: Path, index: int) -> RolloutServerConfig:
     return RolloutServerConfig.model_validate(
         {
             "port": 0,
@@ -71,6 +71,8 @@ def _server_config(model: Path) -> RolloutServerConfig:
                 "max_model_len": 128,
                 "max_num_seqs": 4,
                 "kv_cache_gib": 0.1,
+                # one core per engine (vLLM's "auto" puts every engine on core 0)
+                "cpu_threads_bind": str(index % (os.cpu_count() or 1)),
             },
             "self_test": {"enabled": False},
         }
@@ -155,19 +157,20 @@ def run_weightsync_bench(
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(str(work / "model"), dtype=torch.float32)
-            servers = [RolloutProcess(_server_config(work / "model")) for _ in range(2)]
+            servers = [RolloutProcess(_server_config(work / "model", i)) for i in range(2)]
             _start_all(servers)
             sender = WeightSender(WeightSenderConfig(kind="policy", bucket_mb=bucket_mb, timeout_s=600))
             version = 0
             try:
                 for receivers, server in ((1, servers[0]), (2, servers[1])):
                     sender.add_replica(server.address)  # the second one is caught up here
-                    times = []
+                    times, phases = [], []
                     for _ in range(repeats + 1):  # first push warms up, untimed
                         version += 1
                         result = sender.push(version, model.named_parameters)
                         times.append(result.seconds)
-                    times = times[1:]
+                        phases.append(result.phases)
+                    times, phases = times[1:], phases[1:]
                     manifest = sender.manifest_for(model.named_parameters)
                     raw = raw_broadcast_seconds(list(manifest.bucket_bytes), receivers, repeats)
                     row = {
@@ -180,6 +183,7 @@ def run_weightsync_bench(
                         "raw_seconds": statistics.median(raw),
                         "specrl_runs": times,
                         "raw_runs": raw,
+                        "phases": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
                     }
                     row["specrl_GBps"] = row["bytes"] / row["specrl_seconds"] / 1e9
                     row["raw_GBps"] = row["bytes"] / row["raw_seconds"] / 1e9

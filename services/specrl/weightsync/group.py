@@ -105,9 +105,14 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast from the sender (rank 0) into `tensor` on every member, in place."""
+        self.start_broadcast(tensor).wait()
+
+    def start_broadcast(self, tensor: torch.Tensor) -> dist.Work:
+        """Post a broadcast and return at once; `.wait()` on the result completes it. Lets
+        both sides overlap the next bucket's transfer with packing / loading this one."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self._pg.broadcast([tensor], opts).wait()
+        return self._pg.broadcast([tensor], opts)
 
     def close(self) -> None:
         """Drop this epoch's group (members re-form under a new epoch)."""

@@ -54,10 +54,19 @@ def receive(
     weights are untouched)."""
     t0 = time.perf_counter()
     done = 0
+    sizes = manifest.bucket_bytes
+
+    def post(index: int):
+        flat = torch.empty(sizes[index], dtype=torch.uint8, device=device)
+        return flat, group.start_broadcast(flat)
+
     try:
-        for index, size in enumerate(manifest.bucket_bytes):
-            flat = torch.empty(size, dtype=torch.uint8, device=device)
-            group.broadcast(flat)
+        # receive bucket i+1 while loading bucket i (two buckets in memory at most)
+        nxt = post(0) if sizes else None
+        for index in range(len(sizes)):
+            flat, work = nxt
+            work.wait()
+            nxt = post(index + 1) if index + 1 < len(sizes) else None
             load(unpack(flat, manifest.bucket(index)))
             done += 1
         return {

@@ -59,6 +59,9 @@ class PushResult:
     seconds: float
     epoch: int
     dropped: dict[str, str] = field(default_factory=dict)
+    # where the time went: group check / formation + Begin (validate, drain), the
+    # broadcast, and Commit (receivers finish loading, reset caches, switch versions)
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def bandwidth(self) -> float:
@@ -232,6 +235,7 @@ class WeightSender:
         if not members:
             return PushResult(version, [], 0, 0.0, self.epoch)
         group = self._ensure_group(members)
+        t_group = time.perf_counter()
         kind = KIND_TO_PROTO[self.kind]
         begin = pb.BeginWeightUpdateRequest(
             kind=kind,
@@ -243,6 +247,7 @@ class WeightSender:
         self._call_all(
             members, version, lambda m: m.stub.BeginWeightUpdate(begin, timeout=self._long_timeout())
         )
+        t_begin = time.perf_counter()
         try:
             self._broadcast(group, manifest, source)
         except WeightSyncError:
@@ -254,12 +259,16 @@ class WeightSender:
             failed = self._unreachable(members) or {m.address: f"broadcast failed: {e}" for m in members}
             self._abort_all(members, version, f"broadcast failed: {e}")
             raise _MembersFailed(failed) from None
+        t_sent = time.perf_counter()
         commit = pb.CommitWeightUpdateRequest(kind=kind, version=version)
         self._call_all(
             members, version, lambda m: m.stub.CommitWeightUpdate(commit, timeout=self._long_timeout())
         )
-        seconds = time.perf_counter() - t0
-        return PushResult(version, [m.address for m in members], manifest.total_bytes, seconds, group.epoch)
+        t_end = time.perf_counter()
+        phases = {"group": t_group - t0, "begin": t_begin - t_group, "broadcast": t_sent - t_begin}
+        phases["commit"] = t_end - t_sent
+        addresses = [m.address for m in members]
+        return PushResult(version, addresses, manifest.total_bytes, t_end - t0, group.epoch, phases=phases)
 
     def _long_timeout(self) -> float:
         # Begin drains in-flight requests and Commit waits for the load: both may take long.
@@ -298,7 +307,9 @@ class WeightSender:
                 f.result()
 
     def _broadcast(self, group: WeightGroup, manifest: Manifest, source: WeightSource) -> None:
+        """Pack bucket i+1 while bucket i is on the wire (two buckets in memory at most)."""
         tensors = self._tensors(source)
+        in_flight = None
         for index, size in enumerate(manifest.bucket_bytes):
             specs = manifest.bucket(index)
             batch = []
@@ -307,8 +318,12 @@ class WeightSender:
                 if name != spec.name:
                     raise WeightSyncError(f"source order changed during the push: {name} != {spec.name}")
                 batch.append(t)
-            flat = pack(specs, batch, size)
-            group.broadcast(flat.to(group.device))
+            flat = pack(specs, batch, size).to(group.device)
+            if in_flight is not None:
+                in_flight.wait()
+            in_flight = group.start_broadcast(flat)
+        if in_flight is not None:
+            in_flight.wait()
 
     def _unreachable(self, members: list[_Member]) -> dict[str, str]:
         """Members that do not answer a status call (dead or partitioned)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import AsyncIterator
 
 from specrl.config import EngineConfig, SpeculationConfig, resolve_model_path
@@ -56,6 +57,8 @@ class VllmEngine:
 
         model = resolve_model_path(engine.model)
         spec = speculative_config(speculation)
+        # read by the engine-core process this constructor starts
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_threads_bind
         args = AsyncEngineArgs(
             model=model,
             tokenizer=model,

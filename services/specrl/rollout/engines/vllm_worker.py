@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -72,7 +75,7 @@ class SpecrlWorkerExtension:
         else:
             model = runner.get_draft_model()
             model_config = vllm_config.speculative_config.draft_model_config
-        with set_current_vllm_config(vllm_config):
+        with set_current_vllm_config(vllm_config), _quiet_reload_warnings():
             initialize_layerwise_reload(model)
             try:
                 result = receive(group, Manifest.from_dict(manifest), model.load_weights, runner.device)
@@ -80,6 +83,21 @@ class SpecrlWorkerExtension:
                 finalize_layerwise_reload(model, model_config)
                 refresh_tied_weights(model, model_config)
         return result
+
+
+@contextlib.contextmanager
+def _quiet_reload_warnings() -> Iterator[None]:
+    """vLLM warns "Failed to load weights" for every layer that had nothing to load on a
+    reload: rotary caches, and the LM head tied to the embedding (handled by
+    refresh_tied_weights). The manifest check already guarantees an update names every
+    checkpoint tensor, so these warnings carry no information; hide them for the reload."""
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def refresh_tied_weights(model: torch.nn.Module, model_config: Any) -> None:
