@@ -158,6 +158,41 @@ class RolloutServerConfig(StrictModel):
     weight_sync: WeightReceiverConfig = WeightReceiverConfig()
 
 
+class GRPOConfig(StrictModel):
+    """The GRPO objective (DAPO-style asymmetric clipping, token-level aggregation)."""
+
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    eps_high: float = Field(0.28, ge=0)
+    # KL(policy || reference) penalty, k3 estimator; 0 disables it (no reference pass).
+    kl_coef: float = Field(0.0, ge=0)
+    # Divide group-centred rewards by the group's std (GRPO); False: centre only (Dr. GRPO).
+    normalize_std: bool = True
+    # Truncated importance sampling against the rollout engine's logprobs (samples from
+    # a lagged policy, or engine/trainer numerics): weight min(pi_old / pi_rollout, cap).
+    # None disables it.
+    is_cap: float | None = Field(None, gt=0)
+
+
+class OptimConfig(StrictModel):
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = Field(1.0, gt=0)
+
+
+class TrainerConfig(StrictModel):
+    """The policy trainer (one process per rank; torchrun-compatible env vars)."""
+
+    model: str = "zoo:target"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    tp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    micro_batch_size: int = Field(8, ge=1)
+    seed: int = 0
+    grpo: GRPOConfig = GRPOConfig()
+    optim: OptimConfig = OptimConfig()
+
+
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 

@@ -1,0 +1,105 @@
+"""Parallelism applied to a plain HF causal LM by separate functions (torchtitan style):
+`apply_tp` (Megatron split of attention and MLP projections with DTensor) and
+`apply_fsdp` (FSDP2 `fully_shard` per decoder layer and at the root). Gloo on CPU, NCCL
+on GPU; the model code never changes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+
+
+def build_mesh(tp: int, dp: int, device_type: str) -> DeviceMesh | None:
+    """A [dp, tp] mesh over the default process group (None when single-process)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if tp * dp != world:
+        raise ValueError(f"tp ({tp}) x dp ({dp}) must equal the number of ranks ({world})")
+    if world == 1:
+        return None
+    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder blocks of a Qwen3 / Llama-style HF model."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"{type(model).__name__}: expected model.model.layers (Qwen3 / Llama architecture)")
+    return layers
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Megatron split: q/k/v and gate/up column-parallel, o and down row-parallel, so each
+    block needs one all-reduce in attention and one in the MLP. Embeddings, norms and the
+    LM head stay replicated (the vocabularies specrl trains here are small; the logits
+    are needed whole for logprobs and entropy)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = tp_mesh.size()
+    cfg = model.config
+    for what, n in (
+        ("num_attention_heads", cfg.num_attention_heads),
+        ("num_key_value_heads", cfg.num_key_value_heads),
+        ("intermediate_size", cfg.intermediate_size),
+    ):
+        if n % tp:
+            raise ValueError(f"{what} ({n}) is not divisible by tp ({tp})")
+    plan = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+    for layer in decoder_layers(model):
+        parallelize_module(layer, tp_mesh, plan)
+    model._specrl_tp_group = tp_mesh.get_group()
+
+
+def tp_partial_grad_params(model: nn.Module) -> list[nn.Parameter]:
+    """Replicated parameters used only on a rank's own heads (Qwen3's per-head q/k norms):
+    each TP rank's gradient covers its heads only and must be summed across ranks."""
+    return [p for n, p in model.named_parameters() if n.endswith(("q_norm.weight", "k_norm.weight"))]
+
+
+def sync_tp_partial_grads(model: nn.Module) -> None:
+    group = getattr(model, "_specrl_tp_group", None)
+    if group is None:
+        return
+    for p in tp_partial_grad_params(model):
+        if p.grad is not None:
+            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(g, group=group)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
+    """FSDP2: shard every decoder layer, then the rest (embeddings, final norm, head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None) -> float:
+    """Global gradient norm over plain and DTensor (sharded) gradients; clips in place."""
+    norms = []
+    for p in params:
+        if p.grad is None:
+            continue
+        n = torch.linalg.vector_norm(p.grad.float())
+        norms.append(n.full_tensor() if isinstance(n, DTensor) else n)
+    if not norms:
+        return 0.0
+    total = torch.linalg.vector_norm(torch.stack(norms)).item()
+    if max_norm is not None and total > max_norm:
+        coef = max_norm / (total + 1e-6)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return total

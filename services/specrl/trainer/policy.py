@@ -1,0 +1,185 @@
+"""The policy being trained: an HF causal LM (Qwen3 / Llama; the zoo target in tests,
+Qwen3-8B in production), its frozen reference, AdamW, and one GRPO step.
+
+Every rank calls the same methods with the same global batch (rank 0 receives it and the
+service broadcasts it); each data-parallel rank takes its contiguous share of the rows,
+tensor-parallel ranks take the same rows. Losses are token-level: sums divided by the
+global number of completion tokens, so the result does not depend on how the batch is
+split across ranks or micro-batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from specrl.config import TrainerConfig, resolve_model_path
+from specrl.trainer import parallel
+from specrl.trainer.batch import TrainBatch
+from specrl.trainer.grpo import LossParts, group_advantages, grpo_token_loss
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def token_logprobs(
+    model: nn.Module, batch: TrainBatch, *, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of every next token [B, L-1] (and the entropy of each next-token
+    distribution) under `model`, in float32."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    tokens = logp.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    return tokens, entropy
+
+
+@dataclass
+class StepMetrics:
+    loss: float
+    pg_loss: float
+    kl: float
+    clip_fraction: float
+    entropy: float
+    grad_norm: float
+    is_weight: float
+    tokens: int
+    logprob_seconds: float
+    train_seconds: float
+    advantages_nonzero: float
+
+
+class Policy:
+    def __init__(self, cfg: TrainerConfig, device: torch.device | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        self.device = device or torch.device("cpu")
+        torch.manual_seed(cfg.seed)
+        path = resolve_model_path(cfg.model)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[cfg.dtype]).to(self.device)
+        self.vocab_size = model.config.vocab_size
+        self.reference = None
+        if cfg.grpo.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        mesh = parallel.build_mesh(cfg.tp, cfg.dp, self.device.type)
+        self.dp_rank, self.dp_size, self.dp_group = 0, cfg.dp, None
+        if mesh is not None:
+            self.dp_rank, self.dp_group = mesh["dp"].get_local_rank(), mesh["dp"].get_group()
+            for m in filter(None, (model, self.reference)):
+                if cfg.tp > 1:
+                    parallel.apply_tp(m, mesh["tp"])
+                if cfg.dp > 1:
+                    parallel.apply_fsdp(m, mesh["dp"])
+        self.model = model
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, foreach=False
+        )
+        self.step_count = 0
+
+    # -- batches ------------------------------------------------------------------
+
+    def _local(self, batch: TrainBatch) -> tuple[TrainBatch, slice]:
+        """This data-parallel rank's contiguous rows of the global batch."""
+        if batch.size % self.dp_size:
+            raise ValueError(f"batch of {batch.size} does not split across dp={self.dp_size} ranks")
+        n = batch.size // self.dp_size
+        rows = slice(self.dp_rank * n, (self.dp_rank + 1) * n)
+        return batch.rows(rows), rows
+
+    def _micro(self, size: int) -> list[slice]:
+        mb = self.cfg.micro_batch_size
+        return [slice(i, min(i + mb, size)) for i in range(0, size, mb)]
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch, *, reference: bool = False) -> torch.Tensor:
+        """Next-token logprobs [B, L-1] of the global batch under the current policy (or
+        the frozen reference), computed in micro-batches and gathered across DP ranks."""
+        model = self.reference if reference else self.model
+        if model is None:
+            raise ValueError("no reference policy (grpo.kl_coef is 0)")
+        local, _ = self._local(batch)
+        parts = [token_logprobs(model, local.rows(s))[0] for s in self._micro(local.size)]
+        out = torch.cat(parts)
+        if self.dp_size > 1:
+            gathered = [torch.empty_like(out) for _ in range(self.dp_size)]
+            dist.all_gather(gathered, out, group=self.dp_group)
+            out = torch.cat(gathered)
+        return out
+
+    # -- training -----------------------------------------------------------------
+
+    def train_step(self, batch: TrainBatch, group_size: int) -> StepMetrics:
+        """One GRPO optimizer step on the global batch (groups of `group_size`
+        consecutive samples)."""
+        t0 = time.perf_counter()
+        old = self.logprobs(batch)
+        ref = self.logprobs(batch, reference=True) if self.reference is not None else None
+        t1 = time.perf_counter()
+        g = self.cfg.grpo
+        advantages = group_advantages(batch.rewards, group_size, normalize_std=g.normalize_std)
+        total_tokens = batch.mask.sum()
+        local, rows = self._local(batch)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = {"pg": 0.0, "kl": 0.0, "clipped": 0.0, "is_weight": 0.0, "entropy": 0.0, "loss": 0.0}
+        for s in self._micro(local.size):
+            mb = local.rows(s)
+            idx = slice(rows.start + s.start, rows.start + s.stop)
+            logp, entropy = token_logprobs(self.model, mb, with_entropy=True)
+            parts: LossParts = grpo_token_loss(
+                logp,
+                old[idx],
+                advantages[idx],
+                mb.mask,
+                g,
+                ref_logprobs=None if ref is None else ref[idx],
+                rollout_logprobs=mb.rollout_logprobs,
+            )
+            # FSDP averages gradients over DP ranks; scale so the result is the global sum
+            (parts.loss * (self.dp_size / total_tokens)).backward()
+            sums["loss"] += parts.loss.item()
+            for k in ("pg", "kl", "clipped", "is_weight"):
+                sums[k] += getattr(parts, k).item()
+            sums["entropy"] += (entropy.detach() * mb.mask).sum().item()
+        parallel.sync_tp_partial_grads(self.model)
+        grad_norm = parallel.clip_grad_norm(list(self.model.parameters()), self.cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.step_count += 1
+        t2 = time.perf_counter()
+        totals = self._sum_over_dp(sums)
+        n = total_tokens.item()
+        return StepMetrics(
+            loss=totals["loss"] / n,
+            pg_loss=totals["pg"] / n,
+            kl=totals["kl"] / n,
+            clip_fraction=totals["clipped"] / n,
+            entropy=totals["entropy"] / n,
+            grad_norm=grad_norm,
+            is_weight=totals["is_weight"] / n,
+            tokens=int(n),
+            logprob_seconds=t1 - t0,
+            train_seconds=t2 - t1,
+            advantages_nonzero=(advantages != 0).float().mean().item(),
+        )
+
+    def _sum_over_dp(self, sums: dict[str, float]) -> dict[str, float]:
+        if self.dp_size == 1:
+            return sums
+        keys = sorted(sums)
+        t = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(t, group=self.dp_group)
+        return dict(zip(keys, t.tolist()))
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Every parameter, unsharded (DTensors gathered), under HF names."""
+        out = {}
+        for name, p in self.model.named_parameters():
+            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            out[name] = t.detach().clone()
+        return out
