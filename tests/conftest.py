@@ -58,3 +58,34 @@ def server_config(method: str = "none", k: int = 3, draft: str | None = None, **
     return RolloutServerConfig.model_validate(
         {"port": 0, "engine": {"model": "zoo:target", "dtype": "float32"}, "speculation": spec, **kw}
     )
+
+
+def tiny_qwen3(path, *, layers: int = 2) -> None:
+    """A random Qwen3 small enough for multi-process trainer tests (4 heads, 2 KV heads:
+    splits across tp=2), saved in HF format."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).save_pretrained(str(path))
+
+
+def tiny_rollouts(n: int = 8, seed: int = 1) -> list:
+    """Random prompts and completions with rollout logprobs; every third one rewarded."""
+    import torch
+
+    from specrl.trainer.batch import Rollout
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p = torch.randint(1, 64, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+        c = torch.randint(1, 64, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist()
+        lp = (-torch.rand(len(c), generator=g) * 3).tolist()
+        out.append(Rollout(p, c, reward=float(i % 3 == 0), rollout_logprobs=lp))
+    return out

@@ -180,6 +180,23 @@ class OptimConfig(StrictModel):
     grad_clip: float | None = Field(1.0, gt=0)
 
 
+class CaptureConfig(StrictModel):
+    """Verifier hidden states for the draft-trainer, taken during the logprob pass."""
+
+    enabled: bool = False
+    # EAGLE-3 aux layer ids; None: the default for the target's depth (must equal the
+    # draft config's and the engine's, see specrl.draft.aux_layers).
+    aux_layer_ids: tuple[int, ...] | None = None
+    # Share of completion tokens that carry a draft-training signal (the rest still give
+    # context to the head's attention).
+    token_fraction: float = Field(1.0, gt=0, le=1)
+    # Keep the target's top-k logprobs per position; None keeps the full distribution.
+    topk: int | None = Field(None, ge=1)
+    # Captured batches held for the draft-trainer; when full the oldest is dropped (the
+    # policy never waits for the draft).
+    queue_size: int = Field(16, ge=1)
+
+
 class TrainerConfig(StrictModel):
     """The policy trainer (one process per rank; torchrun-compatible env vars)."""
 
@@ -191,6 +208,7 @@ class TrainerConfig(StrictModel):
     seed: int = 0
     grpo: GRPOConfig = GRPOConfig()
     optim: OptimConfig = OptimConfig()
+    capture: CaptureConfig = CaptureConfig()
 
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)

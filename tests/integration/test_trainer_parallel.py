@@ -21,32 +21,9 @@ import torch.multiprocessing as mp
 
 from specrl.config import TrainerConfig
 
+from conftest import tiny_qwen3, tiny_rollouts
+
 pytestmark = pytest.mark.timeout(600)
-
-
-def _tiny_model(path: Path) -> None:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(cfg).save_pretrained(str(path))
-
-
-def _rollouts():
-    from specrl.trainer.batch import Rollout
-
-    g = torch.Generator().manual_seed(1)
-    out = []
-    for i in range(8):
-        p = torch.randint(1, 64, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
-        c = torch.randint(1, 64, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist()
-        lp = (-torch.rand(len(c), generator=g) * 3).tolist()
-        out.append(Rollout(p, c, reward=float(i % 3 == 0), rollout_logprobs=lp))
-    return out
 
 
 def _config(model: Path, tp: int, dp: int) -> TrainerConfig:
@@ -67,7 +44,7 @@ def _step(cfg: TrainerConfig):
     from specrl.trainer.policy import Policy
 
     policy = Policy(cfg)
-    metrics = policy.train_step(collate(_rollouts(), policy.vocab_size), group_size=4)
+    metrics = policy.train_step(collate(tiny_rollouts(), policy.vocab_size), group_size=4)
     return metrics, policy.full_state()
 
 
@@ -93,7 +70,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny") / "model"
-    _tiny_model(path)
+    tiny_qwen3(path)
     metrics, state = _step(_config(path, 1, 1))
     return path, metrics, state
 

@@ -21,21 +21,31 @@ from torch import nn
 from specrl.config import TrainerConfig, resolve_model_path
 from specrl.trainer import parallel
 from specrl.trainer.batch import TrainBatch
+from specrl.trainer.capture import Capturer
 from specrl.trainer.grpo import LossParts, group_advantages, grpo_token_loss
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def token_logprobs(
-    model: nn.Module, batch: TrainBatch, *, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob of every next token [B, L-1] (and the entropy of each next-token
-    distribution) under `model`, in float32."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-    logp = torch.log_softmax(logits, dim=-1)
+@dataclass
+class Forward:
+    tokens: torch.Tensor  # [B, L-1] logprob of each next token, float32
+    logp: torch.Tensor  # [B, L-1, V] next-token log-softmax
+    hidden_states: tuple[torch.Tensor, ...] | None
+
+    def entropy(self) -> torch.Tensor:
+        return -(self.logp.exp() * self.logp).sum(-1)
+
+
+def forward(model: nn.Module, batch: TrainBatch, *, hidden_states: bool = False) -> Forward:
+    """One forward of `model` over the batch: next-token logprobs (and, for capture, the
+    residual stream after every layer)."""
+    out = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=hidden_states
+    )
+    logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
     tokens = logp.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
-    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
-    return tokens, entropy
+    return Forward(tokens, logp, out.hidden_states if hidden_states else None)
 
 
 @dataclass
@@ -76,6 +86,10 @@ class Policy:
                 if cfg.dp > 1:
                     parallel.apply_fsdp(m, mesh["dp"])
         self.model = model
+        self.capturer = None
+        tp_rank = mesh["tp"].get_local_rank() if mesh is not None else 0
+        if cfg.capture.enabled and tp_rank == 0:  # TP ranks hold identical activations
+            self.capturer = Capturer(cfg.capture, model.config.num_hidden_layers, cfg.seed)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, foreach=False
@@ -97,14 +111,25 @@ class Policy:
         return [slice(i, min(i + mb, size)) for i in range(0, size, mb)]
 
     @torch.no_grad()
-    def logprobs(self, batch: TrainBatch, *, reference: bool = False) -> torch.Tensor:
+    def logprobs(self, batch: TrainBatch, *, reference: bool = False, capture: bool = False) -> torch.Tensor:
         """Next-token logprobs [B, L-1] of the global batch under the current policy (or
-        the frozen reference), computed in micro-batches and gathered across DP ranks."""
+        the frozen reference), computed in micro-batches and gathered across DP ranks.
+        With `capture`, the same forward also hands the draft-trainer its features."""
         model = self.reference if reference else self.model
         if model is None:
             raise ValueError("no reference policy (grpo.kl_coef is 0)")
+        capturer = self.capturer if capture and not reference else None
         local, _ = self._local(batch)
-        parts = [token_logprobs(model, local.rows(s))[0] for s in self._micro(local.size)]
+        parts = []
+        for s in self._micro(local.size):
+            mb = local.rows(s)
+            f = forward(model, mb, hidden_states=capturer is not None)
+            if capturer is not None:
+                assert f.hidden_states is not None
+                capturer.take(
+                    f.hidden_states, f.logp, mb.input_ids, mb.attention_mask, mb.mask, self.step_count
+                )
+            parts.append(f.tokens)
         out = torch.cat(parts)
         if self.dp_size > 1:
             gathered = [torch.empty_like(out) for _ in range(self.dp_size)]
@@ -118,7 +143,7 @@ class Policy:
         """One GRPO optimizer step on the global batch (groups of `group_size`
         consecutive samples)."""
         t0 = time.perf_counter()
-        old = self.logprobs(batch)
+        old = self.logprobs(batch, capture=True)
         ref = self.logprobs(batch, reference=True) if self.reference is not None else None
         t1 = time.perf_counter()
         g = self.cfg.grpo
@@ -131,9 +156,10 @@ class Policy:
         for s in self._micro(local.size):
             mb = local.rows(s)
             idx = slice(rows.start + s.start, rows.start + s.stop)
-            logp, entropy = token_logprobs(self.model, mb, with_entropy=True)
+            f = forward(self.model, mb)
+            entropy = f.entropy()
             parts: LossParts = grpo_token_loss(
-                logp,
+                f.tokens,
                 old[idx],
                 advantages[idx],
                 mb.mask,

@@ -1,0 +1,95 @@
+"""Checkpoint and resume of the trainer: model and optimizer state (sharded, with
+torch.distributed.checkpoint, so every parallel layout saves and loads the same way),
+RNG, step and policy version; plus an HF export (safetensors + config + tokenizer) that
+vLLM and transformers load directly.
+
+Layout of a checkpoint directory:
+  state/       DCP shards of {"model", "optim"}
+  hf/          model.safetensors, config.json, tokenizer files (rank 0)
+  rng-R.pt     each rank's torch RNG (and capture sampler) state
+  meta.json    step, policy version, trainer config
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from specrl.config import resolve_model_path
+from specrl.trainer.policy import Policy
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def save(policy: Policy, directory: str | Path, *, policy_version: int | None = None) -> Path:
+    """Collective: every rank calls it. Returns the directory."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    model_sd, optim_sd = get_state_dict(policy.model, policy.optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(out / "state"))
+    full = policy.full_state()  # collective gather of sharded parameters
+    rng = {"torch": torch.get_rng_state()}
+    if policy.capturer is not None:
+        rng["capture"] = policy.capturer.generator_state()
+    torch.save(rng, out / f"rng-{_rank()}.pt")
+    if _rank() == 0:
+        _export_hf(policy, full, out / "hf")
+        meta = {
+            "step": policy.step_count,
+            "policy_version": policy.step_count if policy_version is None else policy_version,
+            "config": policy.cfg.model_dump(mode="json"),
+        }
+        (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if dist.is_initialized():
+        dist.barrier()
+    return out
+
+
+def _export_hf(policy: Policy, state: dict[str, torch.Tensor], hf: Path) -> None:
+    from safetensors.torch import save_file
+
+    hf.mkdir(parents=True, exist_ok=True)
+    policy.model.config.save_pretrained(str(hf))
+    save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        str(hf / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    source = Path(resolve_model_path(policy.cfg.model))
+    for f in source.glob("tokenizer*"):
+        shutil.copy(f, hf / f.name)
+    for name in ("generation_config.json", "special_tokens_map.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, hf / name)
+
+
+def load(policy: Policy, directory: str | Path) -> dict:
+    """Collective: restore a checkpoint saved by `save` into a policy built with the same
+    configuration (any parallel layout). Returns its meta."""
+    src = Path(directory)
+    meta_path = src / "meta.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"{src} is not a specrl trainer checkpoint (no meta.json)")
+    meta = json.loads(meta_path.read_text())
+    model_sd, optim_sd = get_state_dict(policy.model, policy.optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(src / "state"))
+    set_state_dict(
+        policy.model, policy.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    rng_path = src / f"rng-{_rank()}.pt"
+    if rng_path.exists():
+        rng = torch.load(rng_path, weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        if policy.capturer is not None and "capture" in rng:
+            policy.capturer.set_generator_state(rng["capture"])
+    policy.step_count = meta["step"]
+    return meta
