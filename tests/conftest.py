@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from specrl.config import RolloutServerConfig
-from specrl.rollout.launcher import RolloutProcess
+from specrl.launcher import ServiceProcess
 
 
 @pytest.fixture(scope="session")
@@ -26,13 +26,13 @@ class ServerPool:
 
     def __init__(self) -> None:
         self._key: str | None = None
-        self._proc: RolloutProcess | None = None
+        self._proc: ServiceProcess | None = None
 
-    def get(self, cfg: RolloutServerConfig, env: dict[str, str] | None = None) -> RolloutProcess:
+    def get(self, cfg: RolloutServerConfig, env: dict[str, str] | None = None) -> ServiceProcess:
         key = json.dumps([cfg.model_dump(mode="json"), env or {}], sort_keys=True)
         if key != self._key:
             self.close()
-            self._proc = RolloutProcess(cfg, env=env).start()
+            self._proc = ServiceProcess(cfg, env=env).start()
             self._key = key
         assert self._proc is not None
         return self._proc

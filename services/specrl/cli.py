@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from specrl.config import ConfigError, RolloutServerConfig, load_config
+from specrl.config import ConfigError, RolloutServerConfig, TrainerServerConfig, load_config
 
 app = typer.Typer(
     add_completion=False,
@@ -88,6 +88,26 @@ def serve_rollout(
     from specrl.rollout.server import serve
 
     raise typer.Exit(asyncio.run(serve(cfg, ready_file=str(ready_file) if ready_file else None)))
+
+
+@serve_app.command("trainer")
+def serve_trainer(
+    config: Path = typer.Option(..., "--config", "-c", help="TrainerServerConfig YAML."),
+    port: int = typer.Option(None, help="Override the config's port (0: any free port)."),
+    ready_file: Path = typer.Option(None, help="Write the bound port here once serving (rank 0)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Serve the GRPO trainer over gRPC. One process per rank, torchrun-compatible
+    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); rank 0 serves, the others follow."""
+    overrides = {} if port is None else {"port": port}
+    try:
+        cfg = load_config(config, TrainerServerConfig, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    _logging(verbose)
+    from specrl.trainer.server import serve
+
+    raise typer.Exit(serve(cfg, ready_file=str(ready_file) if ready_file else None))
 
 
 @verify_app.command("lossless")

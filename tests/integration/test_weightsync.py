@@ -20,8 +20,8 @@ from grpc_health.v1 import health_pb2
 from safetensors.torch import load_file
 
 from specrl.config import RolloutServerConfig, WeightSenderConfig, resolve_model_path
+from specrl.launcher import ServiceProcess
 from specrl.rollout.client import RolloutClient
-from specrl.rollout.launcher import RolloutProcess
 from specrl.v1 import rollout_pb2 as pb
 from specrl.weightsync.manifest import plan
 from specrl.weightsync.sender import WeightSender
@@ -100,7 +100,7 @@ def _acceptance(client: RolloutClient) -> tuple[float, set[tuple[int, int]]]:
     return 1 + accepted / drafts, {(s.policy_version, s.draft_version) for s in resp.samples}
 
 
-def _metric(proc: RolloutProcess, name: str) -> float:
+def _metric(proc: ServiceProcess, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
     m = re.search(rf"^{name} (\S+)$", text, re.M)
     assert m, f"{name} not exported"
@@ -118,7 +118,7 @@ def system(servers):
     from transformers import AutoTokenizer
 
     servers.close()  # free the shared pool's CPU for these two engines
-    procs = [RolloutProcess(_config(0)), RolloutProcess(_config(1, await_kinds=["policy"]))]
+    procs = [ServiceProcess(_config(0)), ServiceProcess(_config(1, await_kinds=["policy"]))]
     threads = [threading.Thread(target=p.start) for p in procs]
     for t in threads:
         t.start()

@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from specrl.config import RolloutServerConfig
+from specrl.launcher import ServiceProcess
 from specrl.rollout.client import RolloutClient
-from specrl.rollout.launcher import RolloutProcess
 
 MAX_TOKENS = 48
 TEMPERATURE = 1.0
@@ -161,7 +161,7 @@ def run_rollout_bench(
     ar_tps: dict[int, float] = {}
     for v in variants(ks):
         console.print(f"[bold]{v.label}[/bold]: starting server")
-        with RolloutProcess(v.config()) as proc:
+        with ServiceProcess(v.config()) as proc:
             _closed_loop(proc.address, prompts[:8], 4)  # warm-up
             for c in concurrency:
                 r = _closed_loop(proc.address, prompts[: per_level[c]], c)

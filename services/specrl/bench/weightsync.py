@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specrl.config import RolloutServerConfig, WeightSenderConfig, resolve_model_path
-from specrl.rollout.launcher import RolloutProcess
+from specrl.launcher import ServiceProcess
 from specrl.weightsync.sender import WeightSender
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 1024, 3072, 16, 8, 64
@@ -124,10 +124,10 @@ def raw_broadcast_seconds(buckets: list[int], receivers: int, repeats: int) -> l
     return times
 
 
-def _start_all(procs: list[RolloutProcess]) -> None:
+def _start_all(procs: list[ServiceProcess]) -> None:
     errors: list[BaseException] = []
 
-    def start(p: RolloutProcess) -> None:
+    def start(p: ServiceProcess) -> None:
         try:
             p.start()
         except BaseException as e:
@@ -157,7 +157,7 @@ def run_weightsync_bench(
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(str(work / "model"), dtype=torch.float32)
-            servers = [RolloutProcess(_server_config(work / "model", i)) for i in range(2)]
+            servers = [ServiceProcess(_server_config(work / "model", i)) for i in range(2)]
             _start_all(servers)
             sender = WeightSender(WeightSenderConfig(kind="policy", bucket_mb=bucket_mb, timeout_s=600))
             version = 0

@@ -160,6 +160,49 @@ class WeightSenderMetrics:
         )
 
 
+class TrainerMetrics:
+    """The trainer's metrics (`specrl_trainer_*`), exported by rank 0."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        r = registry
+        self.stage_seconds = Histogram(
+            "specrl_trainer_stage_seconds",
+            "Time per trainer stage of a step (logprob: old/ref logprobs and capture; train)",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.steps = Counter("specrl_trainer_steps", "Optimizer steps taken", registry=r)
+        self.tokens = Counter("specrl_trainer_tokens", "Completion tokens trained on", registry=r)
+        self.tokens_per_second = Gauge(
+            "specrl_trainer_tokens_per_second", "Completion tokens per second of the last step", registry=r
+        )
+        self.step_value = Gauge(
+            "specrl_trainer_step_value",
+            "Last step's value of each training statistic",
+            ["stat"],  # loss, pg_loss, kl, clip_fraction, entropy, grad_norm, is_weight
+            registry=r,
+        )
+        self.mismatch_kl = Gauge(
+            "specrl_trainer_logprob_mismatch_kl",
+            "mean(rollout - trainer) logprob over the last batch's completion tokens",
+            registry=r,
+        )
+        self.mismatch_max_abs = Gauge(
+            "specrl_trainer_logprob_mismatch_max_abs",
+            "max |rollout - trainer| logprob over the last batch's completion tokens",
+            registry=r,
+        )
+        self.capture_queue = Gauge(
+            "specrl_trainer_capture_queue_size", "Captured batches waiting for the draft-trainer", registry=r
+        )
+        self.capture_dropped = Gauge(
+            "specrl_trainer_capture_dropped",
+            "Captured batches dropped because the queue was full",
+            registry=r,
+        )
+
+
 def serve(port: int, registry: CollectorRegistry = REGISTRY) -> int:
     """Expose /metrics on `port` (0 picks one); returns the bound port."""
     server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)

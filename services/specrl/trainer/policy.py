@@ -61,6 +61,27 @@ class StepMetrics:
     logprob_seconds: float
     train_seconds: float
     advantages_nonzero: float
+    mismatch: Mismatch | None = None
+
+
+@dataclass
+class Mismatch:
+    """Training-inference mismatch on completion tokens: mean(rollout - trainer) logprob
+    (an estimate of KL(engine || trainer) on the engine's samples) and the max |diff|."""
+
+    kl: float
+    max_abs: float
+    tokens: int
+
+
+def mismatch(trainer: torch.Tensor, rollout: torch.Tensor | None, mask: torch.Tensor) -> Mismatch | None:
+    if rollout is None:
+        return None
+    on = mask.bool()
+    diff = (rollout - trainer)[on]
+    if diff.numel() == 0:
+        return Mismatch(0.0, 0.0, 0)
+    return Mismatch(diff.mean().item(), diff.abs().max().item(), int(diff.numel()))
 
 
 class Policy:
@@ -192,6 +213,7 @@ class Policy:
             logprob_seconds=t1 - t0,
             train_seconds=t2 - t1,
             advantages_nonzero=(advantages != 0).float().mean().item(),
+            mismatch=mismatch(old, batch.rollout_logprobs, batch.mask),
         )
 
     def _sum_over_dp(self, sums: dict[str, float]) -> dict[str, float]:

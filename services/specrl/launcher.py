@@ -1,4 +1,5 @@
-"""Start a rollout server as a child process (demo, benchmarks, tests, `specrl run`).
+"""Start a specrl service (`specrl serve rollout | trainer`) as a child process (demo,
+benchmarks, tests, `specrl run`).
 
 The child is tracked by pid and stopped with SIGTERM (then SIGKILL); its log goes to a
 file whose tail is shown if it dies before becoming ready.
@@ -16,27 +17,32 @@ import time
 from pathlib import Path
 
 import yaml
-
-from specrl.config import RolloutServerConfig
+from pydantic import BaseModel
 
 
 class ServerDied(RuntimeError):
     pass
 
 
-class RolloutProcess:
+class ServiceProcess:
     def __init__(
         self,
-        cfg: RolloutServerConfig,
+        cfg: BaseModel,
         *,
+        service: str = "rollout",
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
         ready_timeout: float = 600.0,
+        wait_ready: bool = True,
     ) -> None:
+        """`cfg` is the service's config (with host and port); `wait_ready=False` for a
+        process that serves nothing itself (trainer ranks > 0)."""
         self.cfg = cfg
+        self.service = service
         self.env = env or {}
         self.ready_timeout = ready_timeout
-        self._dir = Path(tempfile.mkdtemp(prefix="specrl-rollout-"))
+        self.wait_ready = wait_ready
+        self._dir = Path(tempfile.mkdtemp(prefix=f"specrl-{service}-"))
         self.log_path = log_path or self._dir / "server.log"
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
@@ -55,8 +61,8 @@ class RolloutProcess:
             raise RuntimeError("server exports no metrics (metrics_port unset)")
         return int(m.group(1))
 
-    def start(self) -> RolloutProcess:
-        cfg_path = self._dir / "rollout.yaml"
+    def start(self) -> ServiceProcess:
+        cfg_path = self._dir / f"{self.service}.yaml"
         cfg_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json")))
         ready = self._dir / "port"
         cmd = [
@@ -64,7 +70,7 @@ class RolloutProcess:
             "-m",
             "specrl.cli",
             "serve",
-            "rollout",
+            self.service,
             "--config",
             str(cfg_path),
             "--ready-file",
@@ -78,15 +84,23 @@ class RolloutProcess:
             env={**os.environ, **self.env},
             start_new_session=True,
         )
+        if self.wait_ready:
+            self.wait()
+        return self
+
+    def wait(self) -> ServiceProcess:
+        """Block until the service reports its bound port (or dies, or times out)."""
+        assert self.proc is not None, "start() first"
+        ready = self._dir / "port"
         deadline = time.monotonic() + self.ready_timeout
         while not ready.exists() or not ready.read_text().strip():
             if self.proc.poll() is not None:
                 raise ServerDied(
-                    f"rollout server exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
+                    f"{self.service} exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
                 )
             if time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"rollout server not ready in {self.ready_timeout}s:\n{self.log_tail()}")
+                raise TimeoutError(f"{self.service} not ready in {self.ready_timeout}s:\n{self.log_tail()}")
             time.sleep(0.5)
         self.port = int(ready.read_text())
         return self
@@ -113,7 +127,7 @@ class RolloutProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def __enter__(self) -> RolloutProcess:
+    def __enter__(self) -> ServiceProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

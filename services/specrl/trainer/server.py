@@ -1,0 +1,147 @@
+"""gRPC front of the trainer (rank 0). The servicer converts messages and maps errors to
+status codes; commands run one at a time (they are collectives across all ranks)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from specrl.config import TrainerServerConfig, resolve_model_path
+from specrl.trainer.batch import BatchError, Rollout
+from specrl.trainer.policy import Mismatch
+from specrl.trainer.service import TrainerCore, init_distributed, load_batch_file
+from specrl.v1 import trainer_pb2 as pb
+from specrl.v1 import trainer_pb2_grpc as pb_grpc
+
+log = logging.getLogger("specrl.trainer.server")
+SERVICE_NAME = "specrl.v1.TrainerService"
+
+
+def _rollouts(samples) -> list[Rollout]:
+    return [
+        Rollout(list(s.prompt_ids), list(s.completion_ids), s.reward, list(s.rollout_logprobs))
+        for s in samples
+    ]
+
+
+def _mismatch(m: Mismatch | None) -> pb.Mismatch | None:
+    return None if m is None else pb.Mismatch(kl=m.kl, max_abs=m.max_abs, tokens=m.tokens)
+
+
+class TrainerServicer(pb_grpc.TrainerServiceServicer):
+    def __init__(self, core: TrainerCore) -> None:
+        self.core = core
+        self._lock = threading.Lock()  # commands are collectives: one at a time, in order
+
+    def _guarded(self, context, fn):
+        with self._lock:
+            try:
+                return fn()
+            except BatchError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    def ComputeLogprobs(self, request, context):
+        t0 = time.perf_counter()
+        lps, mm = self._guarded(
+            context,
+            lambda: self.core.compute_logprobs(_rollouts(request.samples), reference=request.reference),
+        )
+        return pb.ComputeLogprobsResponse(
+            completions=[pb.CompletionLogprobs(logprobs=x) for x in lps],
+            mismatch=_mismatch(mm),
+            seconds=time.perf_counter() - t0,
+        )
+
+    def TrainStep(self, request, context):
+        def run():
+            if request.HasField("batch_ref"):
+                rollouts = load_batch_file(request.batch_ref)
+            elif request.HasField("inline"):
+                rollouts = _rollouts(request.inline.samples)
+            else:
+                raise BatchError("TrainStep needs a batch: inline or batch_ref")
+            return self.core.train_step(rollouts, request.group_size)
+
+        m = self._guarded(context, run)
+        fields = {k: getattr(m, k) for k in pb.StepMetrics.DESCRIPTOR.fields_by_name if k != "mismatch"}
+        return pb.TrainStepResponse(
+            metrics=pb.StepMetrics(**fields, mismatch=_mismatch(m.mismatch)), step=self.core.policy.step_count
+        )
+
+    def SaveCheckpoint(self, request, context):
+        if not request.path:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "SaveCheckpoint needs a path")
+        path = self._guarded(context, lambda: self.core.save(request.path))
+        return pb.SaveCheckpointResponse(path=path, step=self.core.policy.step_count, hf_path=f"{path}/hf")
+
+    def GetStatus(self, request, context):
+        p, cfg = self.core.policy, self.core.cfg
+        q = p.capturer.queue if p.capturer else None
+        return pb.TrainerStatus(
+            model=resolve_model_path(cfg.model),
+            tp=cfg.tp,
+            dp=cfg.dp,
+            step=p.step_count,
+            capture_enabled=q is not None,
+            capture_queue=q.qsize() if q else 0,
+            capture_dropped=q.dropped if q else 0,
+        )
+
+
+def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> int:
+    """Run one trainer rank until SIGINT/SIGTERM (rank 0) or rank 0's stop (others)."""
+    from specrl import metrics
+
+    init_distributed()
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    trainer_metrics = metrics.TrainerMetrics() if rank == 0 else None
+    core = TrainerCore(cfg.trainer, trainer_metrics)
+    if rank != 0:
+        core.follow()
+        dist.destroy_process_group()
+        return 0
+    if cfg.metrics_port is not None:
+        log.info("metrics on :%d/metrics", metrics.serve(cfg.metrics_port))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8),
+        options=[
+            ("grpc.max_send_message_length", 256 * 1024 * 1024),
+            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+        ],
+    )
+    pb_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(core), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    server.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "trainer on %s:%d (model %s, tp=%d dp=%d)",
+        cfg.host,
+        port,
+        cfg.trainer.model,
+        cfg.trainer.tp,
+        cfg.trainer.dp,
+    )
+    if ready_file:
+        with open(ready_file, "w") as f:
+            f.write(str(port))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    log.info("shutting down")
+    server.stop(grace=5).wait()
+    core.stop()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0

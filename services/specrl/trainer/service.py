@@ -1,0 +1,153 @@
+"""The trainer's core, no gRPC: every rank holds a Policy shard; rank 0 receives commands
+and broadcasts them so all ranks run the same collective operations in the same order.
+
+Requests are validated on rank 0 before anything is broadcast: a bad batch is refused
+with the offending sample named, and no rank trains on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from specrl.config import TrainerConfig
+from specrl.metrics import TrainerMetrics
+from specrl.trainer import checkpoint
+from specrl.trainer.batch import BatchError, Rollout, collate, validate
+from specrl.trainer.policy import Mismatch, Policy, StepMetrics, mismatch
+
+log = logging.getLogger("specrl.trainer")
+
+
+def load_batch_file(path: str) -> list[Rollout]:
+    """A JSONL batch reference: one {"prompt_ids", "completion_ids", "reward",
+    "rollout_logprobs"?} object per line."""
+    p = Path(path.removeprefix("file://"))
+    if not p.is_file():
+        raise BatchError(f"batch reference {path!r}: no such file")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            out.append(
+                Rollout(
+                    d["prompt_ids"], d["completion_ids"], float(d["reward"]), d.get("rollout_logprobs") or ()
+                )
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise BatchError(f"batch reference {path!r} line {n}: {type(e).__name__}: {e}") from None
+    return out
+
+
+class TrainerCore:
+    def __init__(self, cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> None:
+        self.cfg = cfg
+        self.policy = Policy(cfg, device=_device())
+        self.metrics = metrics
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+
+    # -- rank 0 -------------------------------------------------------------------
+
+    def compute_logprobs(
+        self, rollouts: Sequence[Rollout], *, reference: bool = False
+    ) -> tuple[list[list[float]], Mismatch | None]:
+        validate(rollouts, self.policy.vocab_size)
+        if reference and self.policy.reference is None:
+            raise BatchError("no reference policy: grpo.kl_coef is 0")
+        return self._run("logprobs", (list(rollouts), reference))
+
+    def train_step(self, rollouts: Sequence[Rollout], group_size: int) -> StepMetrics:
+        validate(rollouts, self.policy.vocab_size)
+        if group_size < 1 or len(rollouts) % group_size:
+            raise BatchError(f"{len(rollouts)} samples do not split into groups of {group_size}")
+        if len(rollouts) % self.cfg.dp:
+            raise BatchError(f"{len(rollouts)} samples do not split across dp={self.cfg.dp} ranks")
+        m = self._run("train", (list(rollouts), group_size))
+        self._observe(m)
+        return m
+
+    def save(self, path: str) -> str:
+        return self._run("save", path)
+
+    def stop(self) -> None:
+        if dist.is_initialized() and self.rank == 0:
+            dist.broadcast_object_list(["stop", None], src=0)
+
+    def _run(self, op: str, payload: object):
+        if dist.is_initialized():
+            dist.broadcast_object_list([op, payload], src=0)
+        return self._execute(op, payload)
+
+    # -- every rank -----------------------------------------------------------------
+
+    def follow(self) -> None:
+        """Ranks > 0: execute rank 0's commands until it stops."""
+        while True:
+            cmd: list = [None, None]
+            dist.broadcast_object_list(cmd, src=0)
+            op, payload = cmd
+            if op == "stop":
+                return
+            try:
+                self._execute(op, payload)
+            except Exception:
+                log.exception("rank %d: %s failed", self.rank, op)
+
+    def _execute(self, op: str, payload):
+        policy = self.policy
+        if op == "logprobs":
+            rollouts, reference = payload
+            batch = collate(rollouts, policy.vocab_size)
+            lp = policy.logprobs(batch, reference=reference)
+            out = [lp[i][batch.mask[i].bool()].tolist() for i in range(batch.size)]
+            return out, mismatch(lp, batch.rollout_logprobs, batch.mask)
+        if op == "train":
+            rollouts, group_size = payload
+            return policy.train_step(collate(rollouts, policy.vocab_size), group_size)
+        if op == "save":
+            checkpoint.save(policy, payload)
+            return payload
+        raise ValueError(f"unknown trainer command {op!r}")
+
+    def _observe(self, m: StepMetrics) -> None:
+        if self.metrics is None:
+            return
+        r = self.metrics
+        r.stage_seconds.labels(stage="logprob").observe(m.logprob_seconds)
+        r.stage_seconds.labels(stage="train").observe(m.train_seconds)
+        r.steps.inc()
+        r.tokens.inc(m.tokens)
+        seconds = m.logprob_seconds + m.train_seconds
+        r.tokens_per_second.set(m.tokens / seconds if seconds > 0 else 0)
+        for stat in ("loss", "pg_loss", "kl", "clip_fraction", "entropy", "grad_norm", "is_weight"):
+            r.step_value.labels(stat=stat).set(getattr(m, stat))
+        if m.mismatch is not None:
+            r.mismatch_kl.set(m.mismatch.kl)
+            r.mismatch_max_abs.set(m.mismatch.max_abs)
+        if self.policy.capturer is not None:
+            r.capture_queue.set(self.policy.capturer.queue.qsize())
+            r.capture_dropped.set(self.policy.capturer.queue.dropped)
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def init_distributed() -> None:
+    """torchrun-compatible: WORLD_SIZE > 1 starts the default group (NCCL with CUDA,
+    else gloo) from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        log.info("rank %d of %d joined the trainer group", dist.get_rank(), dist.get_world_size())

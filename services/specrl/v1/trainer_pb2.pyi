@@ -1,0 +1,143 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RolloutSample(_message.Message):
+    __slots__ = ("prompt_ids", "completion_ids", "reward", "rollout_logprobs")
+    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_IDS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
+    completion_ids: _containers.RepeatedScalarFieldContainer[int]
+    reward: float
+    rollout_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., completion_ids: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ComputeLogprobsRequest(_message.Message):
+    __slots__ = ("samples", "reference")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[RolloutSample]
+    reference: bool
+    def __init__(self, samples: _Optional[_Iterable[_Union[RolloutSample, _Mapping]]] = ..., reference: _Optional[bool] = ...) -> None: ...
+
+class CompletionLogprobs(_message.Message):
+    __slots__ = ("logprobs",)
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Mismatch(_message.Message):
+    __slots__ = ("kl", "max_abs", "tokens")
+    KL_FIELD_NUMBER: _ClassVar[int]
+    MAX_ABS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    kl: float
+    max_abs: float
+    tokens: int
+    def __init__(self, kl: _Optional[float] = ..., max_abs: _Optional[float] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class ComputeLogprobsResponse(_message.Message):
+    __slots__ = ("completions", "mismatch", "seconds")
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    MISMATCH_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    completions: _containers.RepeatedCompositeFieldContainer[CompletionLogprobs]
+    mismatch: Mismatch
+    seconds: float
+    def __init__(self, completions: _Optional[_Iterable[_Union[CompletionLogprobs, _Mapping]]] = ..., mismatch: _Optional[_Union[Mismatch, _Mapping]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class TrainStepRequest(_message.Message):
+    __slots__ = ("inline", "batch_ref", "group_size")
+    INLINE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_REF_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    inline: TrainBatch
+    batch_ref: str
+    group_size: int
+    def __init__(self, inline: _Optional[_Union[TrainBatch, _Mapping]] = ..., batch_ref: _Optional[str] = ..., group_size: _Optional[int] = ...) -> None: ...
+
+class TrainBatch(_message.Message):
+    __slots__ = ("samples",)
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[RolloutSample]
+    def __init__(self, samples: _Optional[_Iterable[_Union[RolloutSample, _Mapping]]] = ...) -> None: ...
+
+class StepMetrics(_message.Message):
+    __slots__ = ("loss", "pg_loss", "kl", "clip_fraction", "entropy", "grad_norm", "is_weight", "tokens", "logprob_seconds", "train_seconds", "advantages_nonzero", "mismatch")
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    PG_LOSS_FIELD_NUMBER: _ClassVar[int]
+    KL_FIELD_NUMBER: _ClassVar[int]
+    CLIP_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    IS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ADVANTAGES_NONZERO_FIELD_NUMBER: _ClassVar[int]
+    MISMATCH_FIELD_NUMBER: _ClassVar[int]
+    loss: float
+    pg_loss: float
+    kl: float
+    clip_fraction: float
+    entropy: float
+    grad_norm: float
+    is_weight: float
+    tokens: int
+    logprob_seconds: float
+    train_seconds: float
+    advantages_nonzero: float
+    mismatch: Mismatch
+    def __init__(self, loss: _Optional[float] = ..., pg_loss: _Optional[float] = ..., kl: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., entropy: _Optional[float] = ..., grad_norm: _Optional[float] = ..., is_weight: _Optional[float] = ..., tokens: _Optional[int] = ..., logprob_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., advantages_nonzero: _Optional[float] = ..., mismatch: _Optional[_Union[Mismatch, _Mapping]] = ...) -> None: ...
+
+class TrainStepResponse(_message.Message):
+    __slots__ = ("metrics", "step")
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    metrics: StepMetrics
+    step: int
+    def __init__(self, metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., step: _Optional[int] = ...) -> None: ...
+
+class SaveCheckpointRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class SaveCheckpointResponse(_message.Message):
+    __slots__ = ("path", "step", "hf_path")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    HF_PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    step: int
+    hf_path: str
+    def __init__(self, path: _Optional[str] = ..., step: _Optional[int] = ..., hf_path: _Optional[str] = ...) -> None: ...
+
+class GetTrainerStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TrainerStatus(_message.Message):
+    __slots__ = ("model", "tp", "dp", "step", "capture_enabled", "capture_queue", "capture_dropped")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    DP_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    tp: int
+    dp: int
+    step: int
+    capture_enabled: bool
+    capture_queue: int
+    capture_dropped: int
+    def __init__(self, model: _Optional[str] = ..., tp: _Optional[int] = ..., dp: _Optional[int] = ..., step: _Optional[int] = ..., capture_enabled: _Optional[bool] = ..., capture_queue: _Optional[int] = ..., capture_dropped: _Optional[int] = ...) -> None: ...
