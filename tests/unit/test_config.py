@@ -1,6 +1,12 @@
 import pytest
 
-from specrl.config import ConfigError, RolloutServerConfig, load_config, resolve_model_path
+from specrl.config import (
+    ConfigError,
+    RolloutServerConfig,
+    TrainerServerConfig,
+    load_config,
+    resolve_model_path,
+)
 
 
 def write(tmp_path, text):
@@ -44,3 +50,13 @@ def test_zoo_references_resolve_under_specrl_home(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECRL_HOME", str(tmp_path))
     assert resolve_model_path("zoo:target") == str(tmp_path / "zoo" / "target")
     assert resolve_model_path("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+
+
+@pytest.mark.parametrize(
+    ("path", "cls"),
+    [("examples/rollout-eagle3.yaml", RolloutServerConfig), ("examples/trainer.yaml", TrainerServerConfig)],
+)
+def test_shipped_examples_validate(path, cls):
+    from pathlib import Path
+
+    load_config(Path(__file__).parents[2] / path, cls)

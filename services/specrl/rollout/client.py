@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specrl import grpc_options
 from specrl.v1 import rollout_pb2 as pb
 from specrl.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -52,10 +53,7 @@ class RolloutClient:
         self.timeout = timeout
         self._channel = grpc.insecure_channel(
             address,
-            options=[
-                ("grpc.max_send_message_length", 256 * 1024 * 1024),
-                ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-            ],
+            options=grpc_options.OPTIONS,
         )
         self.stub = pb_grpc.RolloutServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)

@@ -11,6 +11,7 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from specrl import grpc_options
 from specrl.config import RolloutServerConfig
 from specrl.rollout.engines.base import Sampling
 from specrl.rollout.service import NotReady, NotServing, RolloutService, StampedSample
@@ -202,12 +203,7 @@ async def create_server(
     service: RolloutService, address: str
 ) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
     """Bind (port 0 picks a free one) and start; returns server, bound port and health."""
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_send_message_length", 256 * 1024 * 1024),
-            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-        ]
-    )
+    server = grpc.aio.server(options=grpc_options.OPTIONS)
     pb_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(service), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

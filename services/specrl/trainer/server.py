@@ -12,6 +12,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from specrl import grpc_options
 from specrl.config import TrainerServerConfig, resolve_model_path
 from specrl.trainer.batch import BatchError, Rollout
 from specrl.trainer.policy import Mismatch
@@ -112,10 +113,7 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> int:
         log.info("metrics on :%d/metrics", metrics.serve(cfg.metrics_port))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
-        options=[
-            ("grpc.max_send_message_length", 256 * 1024 * 1024),
-            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-        ],
+        options=grpc_options.OPTIONS,
     )
     pb_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(core), server)
     health_servicer = health.HealthServicer()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
+from specrl import grpc_options
 from specrl.config import WeightSenderConfig
 from specrl.metrics import WeightSenderMetrics
 from specrl.v1 import rollout_pb2 as pb
@@ -74,10 +75,7 @@ class _Member:
         self.address = address
         self.channel = grpc.insecure_channel(
             address,
-            options=[
-                ("grpc.max_send_message_length", 256 * 1024 * 1024),
-                ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-            ],
+            options=grpc_options.OPTIONS,
         )
         self.stub = pb_grpc.RolloutServiceStub(self.channel)
 
