@@ -43,6 +43,15 @@ class TrainBatch:
     def size(self) -> int:
         return self.input_ids.shape[0]
 
+    def to(self, device: torch.device) -> TrainBatch:
+        return TrainBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.mask.to(device),
+            self.rewards.to(device),
+            None if self.rollout_logprobs is None else self.rollout_logprobs.to(device),
+        )
+
     def rows(self, index: slice | torch.Tensor) -> TrainBatch:
         return TrainBatch(
             self.input_ids[index],

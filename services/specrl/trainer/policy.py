@@ -140,7 +140,7 @@ class Policy:
         if model is None:
             raise ValueError("no reference policy (grpo.kl_coef is 0)")
         capturer = self.capturer if capture and not reference else None
-        local, _ = self._local(batch)
+        local, _ = self._local(batch.to(self.device))
         parts = []
         for s in self._micro(local.size):
             mb = local.rows(s)
@@ -164,6 +164,7 @@ class Policy:
         """One GRPO optimizer step on the global batch (groups of `group_size`
         consecutive samples)."""
         t0 = time.perf_counter()
+        batch = batch.to(self.device)
         old = self.logprobs(batch, capture=True)
         ref = self.logprobs(batch, reference=True) if self.reference is not None else None
         t1 = time.perf_counter()
@@ -225,9 +226,9 @@ class Policy:
         return dict(zip(keys, t.tolist()))
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        """Every parameter, unsharded (DTensors gathered), under HF names."""
+        """Every parameter, unsharded (DTensors gathered), under HF names, on CPU."""
         out = {}
         for name, p in self.model.named_parameters():
             t = p.full_tensor() if hasattr(p, "full_tensor") else p
-            out[name] = t.detach().clone()
+            out[name] = t.detach().to("cpu", copy=True)
         return out

@@ -106,7 +106,7 @@ class TrainerCore:
         if op == "logprobs":
             rollouts, reference = payload
             batch = collate(rollouts, policy.vocab_size)
-            lp = policy.logprobs(batch, reference=reference)
+            lp = policy.logprobs(batch, reference=reference).cpu()
             out = [lp[i][batch.mask[i].bool()].tolist() for i in range(batch.size)]
             return out, mismatch(lp, batch.rollout_logprobs, batch.mask)
         if op == "train":
