@@ -1,24 +1,27 @@
 """SGLang adapter for weight sync. NOT TESTED: SGLang does not run on these machines
-(no CPU build); this module is typed against SGLang's documented HTTP API
-(`/init_weights_update_group`, `/update_weights_from_distributed`,
-`/destroy_weights_update_group`, `/flush_cache`, `/pause_generation`,
-`/continue_generation`) and nothing in the test suite exercises it.
+(no CPU build), and nothing in the test suite exercises it against a real server. It is
+typed against SGLang 0.5.23's HTTP API (read from its released wheel):
 
-The handshake maps onto SGLang's endpoints as follows:
   JoinWeightGroup    -> POST /init_weights_update_group {master_address, master_port,
-                        rank_offset, world_size, group_name, backend}; the sender forms the
-                        same group with SGLang's rendezvous (tcp:// init method, rank 0).
-  Begin              -> POST /pause_generation {mode: "wait"} (in-flight requests finish
-                        on the old weights, as with the vLLM backend)
+                        rank_offset, world_size, group_name, backend}; each TP worker
+                        joins as rank_offset + tp_rank, the sender is rank 0 and forms
+                        the same group with SGLang's rendezvous (tcp:// init method).
+                        Policy and draft use separate groups (group_name per kind); only
+                        SGLang's target runner joins, the draft runner loads what it
+                        receives.
+  Begin              -> POST /pause_generation {mode} (default "abort": SGLang cannot
+                        let in-flight requests finish on the old weights while holding
+                        new ones back, so callers drain first, as specrl's orchestrator
+                        does in synchronous mode), then POST /begin_weight_update
+                        {selector: "target" | "draft"} (required since 0.5.23)
   broadcast + Commit -> POST /update_weights_from_distributed {names, dtypes, shapes,
-                        group_name, flush_cache, weight_version}, while the sender
-                        broadcasts every tensor in `names` order (SGLang receives one
-                        tensor per broadcast), then POST /continue_generation
-  Abort              -> POST /continue_generation (SGLang loads only after receiving all
-                        tensors, so an aborted transfer leaves the old weights)
-Draft weights use a separate group (`group_name` per kind). Whether SGLang routes a
-distributed update to the speculative draft worker depends on the SGLang version and
-speculative algorithm; check your deployment before relying on it.
+                        group_name, flush_cache, weight_version, selector}, while the
+                        sender broadcasts every tensor in `names` order (one broadcast
+                        per tensor, SGLang's default format), then POST
+                        /end_weight_update and /continue_generation
+  Abort              -> POST /end_weight_update and /continue_generation (SGLang loads
+                        only after receiving every tensor of a call)
+The served version is `weight_version` in GET /model_info.
 """
 
 from __future__ import annotations
@@ -71,14 +74,29 @@ class SGLangReplica:
     def destroy_group(self, group_name: str) -> None:
         self._post("/destroy_weights_update_group", {"group_name": group_name})
 
-    def pause(self) -> None:
-        self._post("/pause_generation", {"mode": "wait"})
+    def pause(self, mode: str = "abort") -> None:
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"SGLang pause mode must be abort, retract or in_place, got {mode!r}")
+        self._post("/pause_generation", {"mode": mode})
 
     def resume(self) -> None:
         self._post("/continue_generation", {})
 
+    def begin_update(self, kind: str) -> None:
+        self._post("/begin_weight_update", {"selector": _selector(kind)})
+
+    def end_update(self) -> None:
+        self._post("/end_weight_update", {})
+
     def update_from_distributed(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], *, group_name: str, version: int
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        *,
+        kind: str,
+        group_name: str,
+        version: int,
     ) -> None:
         """Blocks until SGLang has received and loaded every tensor: call it from a
         thread while the sender broadcasts."""
@@ -91,8 +109,22 @@ class SGLangReplica:
                 "group_name": group_name,
                 "flush_cache": True,
                 "weight_version": str(version),
+                "selector": _selector(kind),
             },
         )
+
+    def weight_version(self) -> str | None:
+        r = requests.get(f"{self.url.rstrip('/')}/model_info", timeout=self.timeout_s)
+        r.raise_for_status()
+        return r.json().get("weight_version")
+
+
+def _selector(kind: str) -> str:
+    """specrl's weight kind -> SGLang's runner selector."""
+    try:
+        return {"policy": "target", "draft": "draft"}[kind]
+    except KeyError:
+        raise ValueError(f"weight kind must be policy or draft, got {kind!r}") from None
 
 
 def sender_group(host: str, port: int, world_size: int, group_name: str, backend: str, timeout_s: float):
