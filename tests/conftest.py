@@ -60,15 +60,16 @@ def server_config(method: str = "none", k: int = 3, draft: str | None = None, **
     )
 
 
-def tiny_qwen3(path, *, layers: int = 2) -> None:
+def tiny_qwen3(path, *, layers: int = 2, kv_heads: int = 2) -> None:
     """A random Qwen3 small enough for multi-process trainer tests (4 heads, 2 KV heads:
-    splits across tp=2), saved in HF format."""
+    splits across tp=2; 1 KV head: replicated across tp=2, like the zoo target), saved in
+    HF format."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
         vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+        num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=16, max_position_embeddings=128,
         tie_word_embeddings=True,
     )  # fmt: skip
     torch.manual_seed(0)

@@ -69,15 +69,23 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    tiny_qwen3(path)
-    metrics, state = _step(_config(path, 1, 1))
-    return path, metrics, state
+    """The single-process step per KV-head count, computed once."""
+    cache: dict[int, tuple] = {}
+
+    def get(kv_heads: int):
+        if kv_heads not in cache:
+            path = tmp_path_factory.mktemp(f"tiny-kv{kv_heads}") / "model"
+            tiny_qwen3(path, kv_heads=kv_heads)
+            cache[kv_heads] = (path, *_step(_config(path, 1, 1)))
+        return cache[kv_heads]
+
+    return get
 
 
-@pytest.mark.parametrize(("tp", "dp"), [(2, 1), (1, 2)])
-def test_parallel_step_equals_single_process(single, tmp_path, tp, dp):
-    path, want, want_state = single
+# kv_heads=1 < tp: k/v projections replicated, each rank using the KV head of its queries
+@pytest.mark.parametrize(("tp", "dp", "kv_heads"), [(2, 1, 2), (1, 2, 2), (2, 1, 1)])
+def test_parallel_step_equals_single_process(single, tmp_path, tp, dp, kv_heads):
+    path, want, want_state = single(kv_heads)
     out = tmp_path / "result.pt"
     mp.start_processes(
         _rank, args=(2, _free_port(), str(path), tp, dp, str(out)), nprocs=2, start_method="spawn"

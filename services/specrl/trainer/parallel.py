@@ -35,36 +35,79 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Megatron split: q/k/v and gate/up column-parallel, o and down row-parallel, so each
     block needs one all-reduce in attention and one in the MLP. Embeddings, norms and the
     LM head stay replicated (the vocabularies specrl trains here are small; the logits
-    are needed whole for logprobs and entropy)."""
+    are needed whole for logprobs and entropy).
+
+    With fewer KV heads than TP ranks (the zoo target has 1; Qwen3-8B has 8, so TP=16
+    would too), k/v cannot be split: as in Megatron, every rank keeps the whole k/v
+    projections and uses the one KV head its query heads attend to (`_use_kv_head`);
+    their gradients are then partial per rank and summed across the TP group."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     tp = tp_mesh.size()
     cfg = model.config
-    for what, n in (
-        ("num_attention_heads", cfg.num_attention_heads),
-        ("num_key_value_heads", cfg.num_key_value_heads),
-        ("intermediate_size", cfg.intermediate_size),
-    ):
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    for what, n in (("num_attention_heads", heads), ("intermediate_size", cfg.intermediate_size)):
         if n % tp:
             raise ValueError(f"{what} ({n}) is not divisible by tp ({tp})")
+    shard_kv = kv_heads % tp == 0
+    if not shard_kv and tp % kv_heads:
+        raise ValueError(f"num_key_value_heads ({kv_heads}) must divide tp ({tp}) or be divisible by it")
     plan = {
         "self_attn.q_proj": ColwiseParallel(),
-        "self_attn.k_proj": ColwiseParallel(),
-        "self_attn.v_proj": ColwiseParallel(),
         "self_attn.o_proj": RowwiseParallel(),
         "mlp.gate_proj": ColwiseParallel(),
         "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(),
     }
+    if shard_kv:
+        plan |= {"self_attn.k_proj": ColwiseParallel(), "self_attn.v_proj": ColwiseParallel()}
+    rank = tp_mesh.get_local_rank()
     for layer in decoder_layers(model):
         parallelize_module(layer, tp_mesh, plan)
+        if not shard_kv:
+            # rank r holds query heads [r h/tp, (r+1) h/tp), all in KV head r kv/tp
+            _use_kv_head(
+                layer.self_attn, rank * kv_heads // tp, local_q_heads=heads // tp, group=tp_mesh.get_group()
+            )
     model._specrl_tp_group = tp_mesh.get_group()
+    model._specrl_tp_kv_replicated = not shard_kv
+
+
+class _SumGradAcrossTP(torch.autograd.Function):
+    """Identity forward; backward all-reduces the input gradient over the TP group
+    (Megatron's "copy to tensor-parallel region"): each rank's gradient through a
+    replicated k/v projection covers only its own query heads."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def _use_kv_head(attn: nn.Module, index: int, *, local_q_heads: int, group: dist.ProcessGroup) -> None:
+    """Make a replicated k/v projection produce only KV head `index` on this rank."""
+    head_dim = attn.head_dim
+    cut = slice(index * head_dim, (index + 1) * head_dim)
+    for proj in (attn.k_proj, attn.v_proj):
+        proj.register_forward_pre_hook(lambda _m, args: (_SumGradAcrossTP.apply(args[0], group), *args[1:]))
+        proj.register_forward_hook(lambda _m, _args, out: out[..., cut])
+    attn.num_key_value_groups = local_q_heads  # all local query heads share the one KV head
 
 
 def tp_partial_grad_params(model: nn.Module) -> list[nn.Parameter]:
-    """Replicated parameters used only on a rank's own heads (Qwen3's per-head q/k norms):
-    each TP rank's gradient covers its heads only and must be summed across ranks."""
-    return [p for n, p in model.named_parameters() if n.endswith(("q_norm.weight", "k_norm.weight"))]
+    """Replicated parameters each TP rank uses for its own heads only, so its gradient
+    covers those heads and must be summed across ranks: Qwen3's per-head q/k norms, and
+    k/v projections when KV heads are replicated."""
+    suffixes = ("q_norm.weight", "k_norm.weight")
+    if getattr(model, "_specrl_tp_kv_replicated", False):
+        suffixes += tuple(f"{p}_proj.{w}" for p in "kv" for w in ("weight", "bias"))
+    return [p for n, p in model.named_parameters() if n.endswith(suffixes)]
 
 
 def sync_tp_partial_grads(model: nn.Module) -> None:
