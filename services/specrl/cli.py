@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from specrl.config import ConfigError, RolloutServerConfig, TrainerServerConfig, load_config
+from specrl.config import ConfigError, RolloutServerConfig, RunConfig, TrainerServerConfig, load_config
 
 app = typer.Typer(
     add_completion=False,
@@ -110,6 +110,42 @@ def serve_trainer(
     raise typer.Exit(serve(cfg, ready_file=str(ready_file) if ready_file else None))
 
 
+def _overrides(items: list[str]) -> dict:
+    """`--set a.b=value` pairs; values are parsed as YAML (numbers, booleans, lists)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(f"--set expects KEY=VALUE, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+@app.command("run")
+def run_command(
+    config: Path = typer.Option(..., "--config", "-c", help="RunConfig YAML (examples/tiny-rl-zero.yaml)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config field: --set orchestrator.steps=5."),
+    fresh: bool = typer.Option(False, help="Replace a previous run in the same run directory."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run RL end to end: Redis, rollout replicas, trainer and the orchestrator's loop."""
+    try:
+        cfg = load_config(config, RunConfig, _overrides(set_))
+    except ConfigError as e:
+        _fail(str(e))
+    _logging(verbose)
+    from specrl.orchestrator.data import DataError
+    from specrl.orchestrator.run import RunExists, run
+    from specrl.orchestrator.system import StartupError
+
+    try:
+        run(cfg, console=console, fresh=fresh)
+    except (RunExists, DataError, StartupError, ValueError) as e:
+        _fail(str(e))
+
+
 @verify_app.command("lossless")
 def verify_lossless(
     address: str = typer.Option("127.0.0.1:50051", help="Rollout server host:port."),
@@ -164,6 +200,25 @@ def bench_weightsync(
     if unknown or not chosen:
         _fail(f"unknown sizes {unknown}; choose from {', '.join(SIZES)}")
     run_weightsync_bench(out, sizes=chosen, repeats=repeats, bucket_mb=bucket_mb, console=console)
+
+
+@bench_app.command("trainer")
+def bench_trainer(
+    out: Path = typer.Option(Path("docs/bench/trainer.json"), help="JSON output (PNG beside)."),
+    prompts: int = typer.Option(16, min=1, help="Prompts in the fixed batch (8 samples each)."),
+    steps: int = typer.Option(6, min=2, help="GRPO steps per trainer (the first is a warm-up)."),
+    micro_batch: int = typer.Option(32, min=1, help="Micro-batch size (must divide the batch)."),
+) -> None:
+    """specrl's trainer (TP=1/DP=1, TP=2, DP=2) vs TRL's GRPOTrainer, same batch, same run."""
+    if (prompts * 8) % micro_batch:
+        _fail(f"--micro-batch {micro_batch} must divide the batch of {prompts} x 8 samples")
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        _fail("TRL is not installed: `pip install -e '.[bench]'` (make setup installs it)")
+    from specrl.bench.trainer import run_trainer_bench
+
+    run_trainer_bench(out, prompts=prompts, steps=steps, micro=micro_batch, console=console)
 
 
 @app.command("demo")

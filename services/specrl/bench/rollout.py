@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from specrl.bench.report import markdown_table
 from specrl.config import RolloutServerConfig
 from specrl.launcher import ServiceProcess
 from specrl.rollout.client import RolloutClient
@@ -216,7 +217,7 @@ def _write(out: Path, rows: list[dict], concurrency: list[int], costs: dict[str,
         "forward_costs": costs,
     }
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    out.with_suffix(".md").write_text(markdown_table(rows) + "\n")
+    out.with_suffix(".md").write_text(markdown_table(rows, TABLE_COLUMNS) + "\n")
     _plot(out.with_suffix(".png"), rows, concurrency)
 
 
@@ -259,13 +260,6 @@ TABLE_COLUMNS = (
     "speedup_vs_ar",
     "ms_per_engine_step",
 )
-
-
-def markdown_table(rows: list[dict]) -> str:
-    """The rows as the Markdown table docs/benchmarks.md shows."""
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
-    lines += ["| " + " | ".join(str(r[c]) for c in TABLE_COLUMNS) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _print_table(rows: list[dict], console: Console) -> None:

@@ -203,6 +203,69 @@ class TrainerMetrics:
         )
 
 
+STAGES = ("data", "prepare", "gen", "exposed_generation", "reward", "logprob", "train", "other")
+
+
+class OrchestratorMetrics:
+    """The RL loop's metrics (`specrl_step_*`, `specrl_policy_*`, queues, idle time)."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        r = registry
+        self.stage_seconds = Histogram(
+            "specrl_step_stage_seconds",
+            "Time of each stage of an RL step (gen spans a batch's generation; in async RL it "
+            "overlaps training, exposed_generation is the part the trainer waited for)",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "specrl_step_seconds", "Wall time of an RL step", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.exposed_generation = Histogram(
+            "specrl_exposed_generation_seconds",
+            "Time the trainer waited for rollouts in a step",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.policy_lag = Histogram(
+            "specrl_policy_lag",
+            "Per-sample policy lag: trainer policy version when trained on minus the generating version",
+            buckets=(0, 1, 2, 3, 4, 8, 16),
+            registry=r,
+        )
+        self.policy_version = Gauge("specrl_policy_version", "Policy version of the trainer", registry=r)
+        self.steps = Counter("specrl_steps", "RL steps completed", registry=r)
+        self.samples = Counter(
+            "specrl_samples",
+            "Samples by outcome (trained, stale: dropped beyond the lag bound, duplicate)",
+            ["outcome"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "specrl_queue_depth", "Groups waiting or in progress per queue", ["queue"], registry=r
+        )
+        self.reward = Gauge("specrl_step_reward_mean", "Mean reward of the last step's samples", registry=r)
+        self.acceptance_length = Gauge(
+            "specrl_step_acceptance_length",
+            "Tokens per target verification step over the last step's samples (1 without speculation)",
+            registry=r,
+        )
+        self.idle_seconds = Counter(
+            "specrl_role_idle_seconds",
+            "Time a role had no work: trainer (waiting for rollouts or weights), "
+            "rollout (no request in flight)",
+            ["role"],
+            registry=r,
+        )
+        self.generation_retries = Counter(
+            "specrl_generation_retries", "Prompt groups given back after a failed Generate call", registry=r
+        )
+        self.data_skipped = Gauge(
+            "specrl_data_skipped_rows", "Dataset rows skipped so far, by reason", ["reason"], registry=r
+        )
+
+
 def serve(port: int, registry: CollectorRegistry = REGISTRY) -> int:
     """Expose /metrics on `port` (0 picks one); returns the bound port."""
     server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)

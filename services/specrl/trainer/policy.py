@@ -164,6 +164,7 @@ class Policy:
         """One GRPO optimizer step on the global batch (groups of `group_size`
         consecutive samples)."""
         t0 = time.perf_counter()
+        version = self.step_count  # the policy the batch's old logprobs come from
         batch = batch.to(self.device)
         old = self.logprobs(batch, capture=True)
         ref = self.logprobs(batch, reference=True) if self.reference is not None else None
@@ -214,7 +215,7 @@ class Policy:
             logprob_seconds=t1 - t0,
             train_seconds=t2 - t1,
             advantages_nonzero=(advantages != 0).float().mean().item(),
-            mismatch=mismatch(old, batch.rollout_logprobs, batch.mask),
+            mismatch=mismatch(old, batch.rollout_logprobs, batch.mask_of_version(version)),
         )
 
     def _sum_over_dp(self, sums: dict[str, float]) -> dict[str, float]:

@@ -19,6 +19,7 @@ from specrl.trainer.policy import Mismatch
 from specrl.trainer.service import TrainerCore, init_distributed, load_batch_file
 from specrl.v1 import trainer_pb2 as pb
 from specrl.v1 import trainer_pb2_grpc as pb_grpc
+from specrl.weightsync.sender import WeightSyncError
 
 log = logging.getLogger("specrl.trainer.server")
 SERVICE_NAME = "specrl.v1.TrainerService"
@@ -26,7 +27,13 @@ SERVICE_NAME = "specrl.v1.TrainerService"
 
 def _rollouts(samples) -> list[Rollout]:
     return [
-        Rollout(list(s.prompt_ids), list(s.completion_ids), s.reward, list(s.rollout_logprobs))
+        Rollout(
+            list(s.prompt_ids),
+            list(s.completion_ids),
+            s.reward,
+            list(s.rollout_logprobs),
+            s.policy_version if s.HasField("policy_version") else None,
+        )
         for s in samples
     ]
 
@@ -81,6 +88,18 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         path = self._guarded(context, lambda: self.core.save(request.path))
         return pb.SaveCheckpointResponse(path=path, step=self.core.policy.step_count, hf_path=f"{path}/hf")
 
+    def PushWeights(self, request, context):
+        replicas = list(request.replicas)
+        if len(set(replicas)) != len(replicas) or not all(replicas):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"replicas: empty or repeated in {replicas}")
+        with self._lock:
+            try:
+                out = self.core.push_weights(replicas)
+            except WeightSyncError as e:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        fields = ("version", "updated", "dropped", "bytes", "seconds")
+        return pb.PushWeightsResponse(**{f: getattr(out, f) for f in fields})
+
     def GetStatus(self, request, context):
         p, cfg = self.core.policy, self.core.cfg
         q = p.capturer.queue if p.capturer else None
@@ -104,7 +123,10 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> int:
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     trainer_metrics = metrics.TrainerMetrics() if rank == 0 else None
-    core = TrainerCore(cfg.trainer, trainer_metrics)
+    sender_metrics = metrics.WeightSenderMetrics() if rank == 0 else None
+    core = TrainerCore(
+        cfg.trainer, trainer_metrics, weight_sync=cfg.weight_sync, sender_metrics=sender_metrics
+    )
     if rank != 0:
         core.follow()
         dist.destroy_process_group()

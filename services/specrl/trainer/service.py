@@ -10,24 +10,28 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import torch
 import torch.distributed as dist
 
-from specrl.config import TrainerConfig
-from specrl.metrics import TrainerMetrics
+from specrl.config import TrainerConfig, WeightSenderConfig
+from specrl.metrics import TrainerMetrics, WeightSenderMetrics
 from specrl.trainer import checkpoint
 from specrl.trainer.batch import BatchError, Rollout, collate, validate
 from specrl.trainer.policy import Mismatch, Policy, StepMetrics, mismatch
+from specrl.weightsync.sender import WeightSender, WeightSyncError
 
 log = logging.getLogger("specrl.trainer")
 
 
 def load_batch_file(path: str) -> list[Rollout]:
     """A JSONL batch reference: one {"prompt_ids", "completion_ids", "reward",
-    "rollout_logprobs"?} object per line."""
+    "rollout_logprobs"?, "policy_version"?} object per line."""
     p = Path(path.removeprefix("file://"))
     if not p.is_file():
         raise BatchError(f"batch reference {path!r}: no such file")
@@ -39,7 +43,11 @@ def load_batch_file(path: str) -> list[Rollout]:
             d = json.loads(line)
             out.append(
                 Rollout(
-                    d["prompt_ids"], d["completion_ids"], float(d["reward"]), d.get("rollout_logprobs") or ()
+                    d["prompt_ids"],
+                    d["completion_ids"],
+                    float(d["reward"]),
+                    d.get("rollout_logprobs") or (),
+                    d.get("policy_version"),
                 )
             )
         except (ValueError, KeyError, TypeError) as e:
@@ -47,12 +55,31 @@ def load_batch_file(path: str) -> list[Rollout]:
     return out
 
 
+@dataclass
+class PushOutcome:
+    version: int
+    updated: list[str] = field(default_factory=list)
+    dropped: dict[str, str] = field(default_factory=dict)
+    bytes: int = 0
+    seconds: float = 0.0
+
+
 class TrainerCore:
-    def __init__(self, cfg: TrainerConfig, metrics: TrainerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        metrics: TrainerMetrics | None = None,
+        *,
+        weight_sync: WeightSenderConfig | None = None,
+        sender_metrics: WeightSenderMetrics | None = None,
+    ) -> None:
         self.cfg = cfg
         self.policy = Policy(cfg, device=_device())
         self.metrics = metrics
         self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.weight_sync = weight_sync or WeightSenderConfig()
+        self.sender_metrics = sender_metrics
+        self._sender: WeightSender | None = None
 
     # -- rank 0 -------------------------------------------------------------------
 
@@ -77,7 +104,49 @@ class TrainerCore:
     def save(self, path: str) -> str:
         return self._run("save", path)
 
+    def push_weights(self, replicas: Sequence[str]) -> PushOutcome:
+        """Make every replica in `replicas` serve the current policy (version = steps
+        taken); replicas not listed leave the weight group. Sharded weights are gathered
+        on rank 0 first (a collective every rank joins), then rank 0 broadcasts them."""
+        t0 = time.perf_counter()
+        version = self.policy.step_count
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            state = self._run("gather", None)
+            source = state.items
+        else:
+            source = self.policy.model.named_parameters
+        sender = self._weight_sender()
+        out = PushOutcome(version)
+        for gone in set(sender.members) - set(replicas):
+            sender.remove_replica(gone)
+        if sender.members and sender.version is not None and version > sender.version:
+            result = sender.push(version, source)
+            out.updated, out.dropped, out.bytes = list(result.members), dict(result.dropped), result.bytes
+        else:
+            # nothing new for the members (or none yet; or a restarted trainer, whose
+            # replicas may hold this version already): catch-ups below send what is due
+            sender.set_current(version, source)
+        for address in replicas:
+            if address in sender.members:
+                continue
+            try:
+                if sender.add_replica(address):
+                    out.updated.append(address)
+            except (WeightSyncError, grpc.RpcError) as e:
+                out.dropped[address] = str(e)
+        out.seconds = time.perf_counter() - t0
+        return out
+
+    def _weight_sender(self) -> WeightSender:
+        if self._sender is None:
+            self._sender = WeightSender(
+                self.weight_sync, metrics=self.sender_metrics, device=self.policy.device
+            )
+        return self._sender
+
     def stop(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
         if dist.is_initialized() and self.rank == 0:
             dist.broadcast_object_list(["stop", None], src=0)
 
@@ -108,13 +177,15 @@ class TrainerCore:
             batch = collate(rollouts, policy.vocab_size)
             lp = policy.logprobs(batch, reference=reference).cpu()
             out = [lp[i][batch.mask[i].bool()].tolist() for i in range(batch.size)]
-            return out, mismatch(lp, batch.rollout_logprobs, batch.mask)
+            return out, mismatch(lp, batch.rollout_logprobs, batch.mask_of_version(policy.step_count))
         if op == "train":
             rollouts, group_size = payload
             return policy.train_step(collate(rollouts, policy.vocab_size), group_size)
         if op == "save":
             checkpoint.save(policy, payload)
             return payload
+        if op == "gather":
+            return policy.full_state()
         raise ValueError(f"unknown trainer command {op!r}")
 
     def _observe(self, m: StepMetrics) -> None:

@@ -7,16 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RolloutSample(_message.Message):
-    __slots__ = ("prompt_ids", "completion_ids", "reward", "rollout_logprobs")
+    __slots__ = ("prompt_ids", "completion_ids", "reward", "rollout_logprobs", "policy_version")
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_IDS_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     completion_ids: _containers.RepeatedScalarFieldContainer[int]
     reward: float
     rollout_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., completion_ids: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    policy_version: int
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., completion_ids: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class ComputeLogprobsRequest(_message.Message):
     __slots__ = ("samples", "reference")
@@ -141,3 +143,30 @@ class TrainerStatus(_message.Message):
     capture_queue: int
     capture_dropped: int
     def __init__(self, model: _Optional[str] = ..., tp: _Optional[int] = ..., dp: _Optional[int] = ..., step: _Optional[int] = ..., capture_enabled: _Optional[bool] = ..., capture_queue: _Optional[int] = ..., capture_dropped: _Optional[int] = ...) -> None: ...
+
+class PushWeightsRequest(_message.Message):
+    __slots__ = ("replicas",)
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replicas: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PushWeightsResponse(_message.Message):
+    __slots__ = ("version", "updated", "dropped", "bytes", "seconds")
+    class DroppedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    updated: _containers.RepeatedScalarFieldContainer[str]
+    dropped: _containers.ScalarMap[str, str]
+    bytes: int
+    seconds: float
+    def __init__(self, version: _Optional[int] = ..., updated: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Mapping[str, str]] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...

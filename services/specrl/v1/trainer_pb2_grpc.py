@@ -54,6 +54,11 @@ class TrainerServiceStub:
                 request_serializer=specrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.SerializeToString,
                 response_deserializer=specrl_dot_v1_dot_trainer__pb2.TrainerStatus.FromString,
                 _registered_method=True)
+        self.PushWeights = channel.unary_unary(
+                '/specrl.v1.TrainerService/PushWeights',
+                request_serializer=specrl_dot_v1_dot_trainer__pb2.PushWeightsRequest.SerializeToString,
+                response_deserializer=specrl_dot_v1_dot_trainer__pb2.PushWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -86,6 +91,17 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushWeights(self, request, context):
+        """Publish the current policy weights (version = optimizer steps taken) to the rollout
+        servers named in the request, through the weight-sync group (docs/weightsync.md).
+        Membership follows the list: servers no longer named leave the group, new ones are
+        first caught up to the current version. A server already at the version is left as
+        it is, so the call is idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -108,6 +124,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=specrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.FromString,
                     response_serializer=specrl_dot_v1_dot_trainer__pb2.TrainerStatus.SerializeToString,
+            ),
+            'PushWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushWeights,
+                    request_deserializer=specrl_dot_v1_dot_trainer__pb2.PushWeightsRequest.FromString,
+                    response_serializer=specrl_dot_v1_dot_trainer__pb2.PushWeightsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -218,6 +239,33 @@ class TrainerService:
             '/specrl.v1.TrainerService/GetStatus',
             specrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.SerializeToString,
             specrl_dot_v1_dot_trainer__pb2.TrainerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrl.v1.TrainerService/PushWeights',
+            specrl_dot_v1_dot_trainer__pb2.PushWeightsRequest.SerializeToString,
+            specrl_dot_v1_dot_trainer__pb2.PushWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -118,21 +118,33 @@ class WeightSender:
 
     # -- membership ---------------------------------------------------------------
 
-    def add_replica(self, address: str) -> None:
+    def add_replica(self, address: str) -> bool:
         """Add a rollout server; if a version was pushed already, bring it to that version
-        first (it refuses Generate until then when configured to await this kind)."""
+        first (it refuses Generate until then when configured to await this kind).
+        Returns whether weights were sent to it."""
         if address in self.members:
-            return
+            return False
         member = _Member(address)
+        sent = False
         if self.version is not None and self._source is not None:
             try:
-                self._catch_up(member)
+                sent = self._catch_up(member)
             except Exception:
                 member.close()
                 raise
         self.members[address] = member
         self._set_member_metrics()
         log.info("%s sender: %s joined (%d members)", self.kind, address, len(self.members))
+        return sent
+
+    def set_current(self, version: int, source: WeightSource, *, policy_version: int = 0) -> None:
+        """Declare `version` (what `source` yields) current without broadcasting it to the
+        members: the initial weights every replica loaded, or a restarted publisher whose
+        replicas may already serve it. Replicas added later are caught up to it only if
+        they are behind."""
+        if self.version is not None and version < self.version:
+            raise ValueError(f"{self.kind} version must not go back: at v{self.version}, got v{version}")
+        self.version, self._source, self._policy_version = version, source, policy_version
 
     def remove_replica(self, address: str) -> None:
         member = self.members.pop(address, None)
@@ -144,12 +156,12 @@ class WeightSender:
         if self.metrics:
             self.metrics.members.labels(kind=self.kind).set(len(self.members))
 
-    def _catch_up(self, member: _Member) -> None:
+    def _catch_up(self, member: _Member) -> bool:
         status = member.stub.GetStatus(pb.GetStatusRequest(), timeout=self.cfg.rpc_timeout_s)
         ws = status.weight_sync
         served = ws.policy_version if self.kind == "policy" else ws.draft_version
         if served == self.version and ws.ready:
-            return
+            return False
         assert self.version is not None and self._source is not None
         log.info("%s sender: catching %s up from v%d to v%d", self.kind, member.address, served, self.version)
         try:
@@ -160,6 +172,7 @@ class WeightSender:
             raise WeightSyncError(
                 f"catching {member.address} up to {self.kind} v{self.version} failed: {e}"
             ) from None
+        return True
 
     # -- pushing ------------------------------------------------------------------
 

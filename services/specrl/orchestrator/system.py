@@ -1,0 +1,124 @@
+"""The services a run needs, on this machine or elsewhere: a Redis server (started here
+when no `redis.url` is configured), rollout replicas and trainer ranks (started here as
+child processes from their configs, or reached at configured addresses). Everything
+started here is tracked by pid and stopped on exit, and a service that fails to start
+stops the others and reports its log tail."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specrl.config import RunConfig
+from specrl.launcher import ServiceProcess
+from specrl.queue.redis_server import RedisServer
+
+
+class StartupError(RuntimeError):
+    """A service could not be started or reached."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_reachable(address: str, what: str, timeout: float = 10.0) -> None:
+    """gRPC health of a service that is supposed to be running already."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout
+            )
+        except grpc.RpcError as e:
+            raise StartupError(f"{what} at {address} is not reachable: {e.code().name}") from None
+    if status.status != health_pb2.HealthCheckResponse.SERVING:
+        raise StartupError(f"{what} at {address} is not serving (health {status.status})")
+
+
+class System:
+    def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.logs = run_dir / "logs"
+        self.redis_dir = run_dir / "redis"
+        self.redis: RedisServer | None = None
+        self.rollout: list[ServiceProcess] = []
+        self.trainer: list[ServiceProcess] = []
+        self.redis_url = cfg.redis.url or ""
+        self.replicas: list[str] = list(cfg.rollout.addresses)
+        self.trainer_address = cfg.trainer.address or ""
+
+    def start(self) -> System:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        cfg = self.cfg
+        for address in cfg.rollout.addresses:
+            check_reachable(address, "rollout server")
+        if cfg.trainer.address:
+            check_reachable(cfg.trainer.address, "trainer")
+        if not cfg.redis.url:
+            self.redis = RedisServer(self.redis_dir, aof=cfg.redis.aof).start()
+            self.redis_url = self.redis.url
+        for i in range(cfg.rollout.replicas):
+            self.rollout.append(
+                ServiceProcess(cfg.rollout.server, service="rollout", log_path=self.logs / f"rollout-{i}.log")
+            )
+        if not cfg.trainer.address:
+            t = cfg.trainer.server.trainer
+            world = t.tp * t.dp
+            env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+            for rank in range(world):
+                self.trainer.append(
+                    ServiceProcess(
+                        cfg.trainer.server,
+                        service="trainer",
+                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)} if world > 1 else {},
+                        log_path=self.logs / f"trainer-{rank}.log",
+                        wait_ready=False,
+                    )
+                )
+        for p in [*self.rollout, *self.trainer]:
+            p.wait_ready = False
+            p.start()
+        errors: list[BaseException] = []
+
+        def wait(p: ServiceProcess) -> None:
+            try:
+                p.wait()
+            except BaseException as e:  # reported below with every other failure
+                errors.append(e)
+
+        waiters = [threading.Thread(target=wait, args=(p,)) for p in [*self.rollout, *self.trainer[:1]]]
+        for w in waiters:
+            w.start()
+        for w in waiters:
+            w.join()
+        if errors:
+            raise StartupError("\n\n".join(str(e) for e in errors))
+        self.replicas += [p.address for p in self.rollout]
+        if self.trainer:
+            self.trainer_address = self.trainer[0].address
+
+    def stop(self) -> None:
+        for p in [*self.trainer, *self.rollout]:
+            p.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def __enter__(self) -> System:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,217 @@
+"""The run's work queues on Redis streams, with at-least-once delivery and no duplicates.
+
+Two streams per run, each with one consumer group:
+  prompts   (group "generators"): prompt groups admitted for generation, each stamped
+            with the trainer step it is meant for and the policy version at admission;
+  rollouts  (group "trainer"): finished groups (n samples with rewards, logprobs and the
+            policy / draft versions that produced them).
+
+An entry is acknowledged only when its consumer is done with it, in the same MULTI/EXEC
+transaction that hands the result on (a finished rollout group is added and its prompt
+acknowledged together; a trained group is acknowledged and recorded as trained
+together), so a crash at any point leaves every group either pending (and reclaimed by
+the next consumer after `reclaim_idle_s`) or handed on, never lost. Trained group ids
+are kept in a set, so a group delivered twice (a slow consumer whose entry was
+reclaimed) is trained on once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import redis
+
+GENERATORS = "generators"
+TRAINER = "trainer"
+
+
+@dataclass(frozen=True)
+class PromptGroup:
+    """One prompt to be sampled n times (a GRPO group)."""
+
+    group_id: str
+    batch: int  # trainer step the group is meant for
+    prompt_ids: list[int]
+    prompt: str
+    answer: str
+    admitted_version: int  # policy version when generation was admitted
+
+
+@dataclass
+class SampleRecord:
+    completion_ids: list[int]
+    logprobs: list[float]
+    text: str
+    reward: float
+    finish_reason: str
+    policy_version: int
+    draft_version: int
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+
+@dataclass
+class RolloutGroup:
+    group_id: str
+    batch: int
+    prompt_ids: list[int]
+    prompt: str
+    answer: str
+    samples: list[SampleRecord]
+    replica: str
+    gen_seconds: float
+    reward_seconds: float
+    admitted_version: int
+    finished_at: float = 0.0  # wall clock (time.time()) when the group was handed on
+
+    @property
+    def min_policy_version(self) -> int:
+        return min(s.policy_version for s in self.samples)
+
+    @staticmethod
+    def from_json(data: str) -> RolloutGroup:
+        d = json.loads(data)
+        d["samples"] = [SampleRecord(**s) for s in d["samples"]]
+        return RolloutGroup(**d)
+
+
+@dataclass
+class Delivery:
+    entry_id: str
+    group: PromptGroup | RolloutGroup
+    redelivered: bool = False
+
+
+class RunStreams:
+    def __init__(self, client: redis.Redis, run: str, *, reclaim_idle_s: float = 300.0) -> None:
+        self.r = client
+        self.prefix = f"specrl:{run}:"
+        self.prompts = self.prefix + "prompts"
+        self.rollouts = self.prefix + "rollouts"
+        self.trained = self.prefix + "trained"
+        self.state = self.prefix + "state"
+        self.reclaim_idle_ms = int(reclaim_idle_s * 1000)
+
+    @classmethod
+    def connect(cls, url: str, run: str, **kw: float) -> RunStreams:
+        client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30, health_check_interval=10)
+        try:
+            client.ping()
+        except redis.exceptions.ConnectionError as e:
+            raise ConnectionError(f"redis at {url} is not reachable: {e}") from None
+        streams = cls(client, run, **kw)
+        streams.setup()
+        return streams
+
+    def setup(self) -> None:
+        for stream, group in ((self.prompts, GENERATORS), (self.rollouts, TRAINER)):
+            try:
+                self.r.xgroup_create(stream, group, id="0", mkstream=True)
+            except redis.exceptions.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    # -- generation side ------------------------------------------------------------
+
+    def publish(self, groups: list[PromptGroup], state: dict[str, str | int] | None = None) -> None:
+        """Admit groups for generation and save the run state (e.g. how far the data
+        was read), atomically."""
+        pipe = self.r.pipeline(transaction=True)
+        for g in groups:
+            pipe.xadd(self.prompts, {"data": json.dumps(asdict(g))})
+        if state:
+            pipe.hset(self.state, mapping={k: str(v) for k, v in state.items()})
+        pipe.execute()
+
+    def next_prompt(self, consumer: str, *, block_ms: int = 200) -> Delivery | None:
+        """A prompt group to generate: one abandoned by a dead generator first, else a
+        new one (waits up to `block_ms`)."""
+        got = self._reclaim(self.prompts, GENERATORS, consumer, count=1)
+        redelivered = bool(got)
+        if not got:
+            resp = self.r.xreadgroup(GENERATORS, consumer, {self.prompts: ">"}, count=1, block=block_ms)
+            got = resp[0][1] if resp else []
+        if not got:
+            return None
+        entry_id, fields = got[0]
+        return Delivery(entry_id, PromptGroup(**json.loads(fields["data"])), redelivered)
+
+    def finish(self, prompt_entry: str, group: RolloutGroup) -> None:
+        """Hand a finished group to the trainer and acknowledge its prompt, atomically."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(self.rollouts, {"data": json.dumps(asdict(group))})
+        pipe.xack(self.prompts, GENERATORS, prompt_entry)
+        pipe.xdel(self.prompts, prompt_entry)
+        pipe.execute()
+
+    def retry(self, prompt_entry: str, group: PromptGroup) -> None:
+        """Give a prompt back (generation failed): re-queued at the end, atomically."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(self.prompts, {"data": json.dumps(asdict(group))})
+        pipe.xack(self.prompts, GENERATORS, prompt_entry)
+        pipe.xdel(self.prompts, prompt_entry)
+        pipe.execute()
+
+    # -- training side --------------------------------------------------------------
+
+    def recover(self, consumer: str) -> list[Delivery]:
+        """Rollouts delivered to `consumer` and never acknowledged: what a restarted
+        orchestrator had taken but not trained on."""
+        own = self.r.xreadgroup(TRAINER, consumer, {self.rollouts: "0"})
+        entries = [(e, f) for e, f in (own[0][1] if own else []) if f]
+        return [Delivery(e, RolloutGroup.from_json(f["data"]), True) for e, f in entries]
+
+    def take_rollouts(self, consumer: str, *, count: int, block_ms: int = 200) -> list[Delivery]:
+        """Finished groups for the trainer: any left too long by a consumer (dead, or
+        this one: callers skip entries they hold already), else new ones (waits up to
+        `block_ms`)."""
+        entries = [(e, f, True) for e, f in self._reclaim(self.rollouts, TRAINER, consumer, count=count)]
+        if not entries:
+            resp = self.r.xreadgroup(TRAINER, consumer, {self.rollouts: ">"}, count=count, block=block_ms)
+            entries = [(e, f, False) for e, f in (resp[0][1] if resp else [])]
+        return [Delivery(e, RolloutGroup.from_json(f["data"]), again) for e, f, again in entries]
+
+    def trained_already(self, group_ids: list[str]) -> list[bool]:
+        return [bool(x) for x in self.r.smismember(self.trained, group_ids)] if group_ids else []
+
+    def complete(self, entries: list[str], group_ids: list[str], state: dict[str, str | int]) -> None:
+        """Acknowledge consumed rollout entries, record their groups as trained and save
+        the run state (e.g. the policy version), atomically."""
+        pipe = self.r.pipeline(transaction=True)
+        if entries:
+            pipe.xack(self.rollouts, TRAINER, *entries)
+            pipe.xdel(self.rollouts, *entries)
+        if group_ids:
+            pipe.sadd(self.trained, *group_ids)
+        if state:
+            pipe.hset(self.state, mapping={k: str(v) for k, v in state.items()})
+        pipe.execute()
+
+    def discard(self, entries: list[str]) -> None:
+        """Acknowledge entries that will never be trained on (duplicates, stale groups)."""
+        if entries:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.xack(self.rollouts, TRAINER, *entries)
+            pipe.xdel(self.rollouts, *entries)
+            pipe.execute()
+
+    # -- state ----------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, str]:
+        return self.r.hgetall(self.state)
+
+    def depths(self) -> dict[str, int]:
+        """Groups waiting or in progress: prompts not yet generated, rollouts not yet
+        trained on (acknowledged entries are deleted, so the stream length is the depth)."""
+        return {"prompts": self.r.xlen(self.prompts), "rollouts": self.r.xlen(self.rollouts)}
+
+    def clear(self) -> None:
+        """Forget the run (a fresh start under the same name)."""
+        self.r.delete(self.prompts, self.rollouts, self.trained, self.state)
+        self.setup()
+
+    def _reclaim(self, stream: str, group: str, consumer: str, *, count: int) -> list:
+        _, claimed, _ = self.r.xautoclaim(stream, group, consumer, self.reclaim_idle_ms, "0-0", count=count)
+        return [(e, f) for e, f in claimed if f]

@@ -1,0 +1,116 @@
+"""The run's Redis streams against a real redis-server: every group is handed on exactly
+once through generator deaths, orchestrator restarts, duplicates and a Redis restart."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from specrl.queue.redis_server import RedisServer
+from specrl.queue.streams import PromptGroup, RolloutGroup, RunStreams, SampleRecord
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    with RedisServer(tmp_path / "redis") as server:
+        yield server
+
+
+def _prompt(i: int, batch: int = 0) -> PromptGroup:
+    return PromptGroup(f"{batch}-{i}", batch, [1, 2, i], f"Q{i}", str(i), admitted_version=0)
+
+
+def _rollout(p: PromptGroup, version: int = 0) -> RolloutGroup:
+    sample = SampleRecord([5, 6], [-0.1, -0.2], "x", 1.0, "stop", version, 0)
+    return RolloutGroup(
+        p.group_id, p.batch, p.prompt_ids, p.prompt, p.answer, [sample], "r:1", 0.1, 0.0, p.admitted_version
+    )
+
+
+def _generate_all(streams: RunStreams, consumer: str = "gen-0") -> int:
+    n = 0
+    while (d := streams.next_prompt(consumer, block_ms=50)) is not None:
+        streams.finish(d.entry_id, _rollout(d.group))
+        n += 1
+    return n
+
+
+def test_groups_flow_from_prompts_to_trained_exactly_once(redis_server):
+    streams = RunStreams.connect(redis_server.url, "t1")
+    streams.publish([_prompt(i) for i in range(5)])
+    assert streams.depths() == {"prompts": 5, "rollouts": 0}
+    assert _generate_all(streams) == 5
+    assert streams.depths() == {"prompts": 0, "rollouts": 5}
+    got = streams.take_rollouts("orch", count=10, block_ms=50)
+    assert sorted(d.group.group_id for d in got) == [f"0-{i}" for i in range(5)]
+    assert all(isinstance(d.group, RolloutGroup) and not d.redelivered for d in got)
+    streams.complete([d.entry_id for d in got], [d.group.group_id for d in got], {"version": 1})
+    assert streams.depths() == {"prompts": 0, "rollouts": 0}
+    assert streams.trained_already(["0-0", "0-4", "9-9"]) == [True, True, False]
+    assert streams.get_state() == {"version": "1"}
+    assert streams.take_rollouts("orch", count=10, block_ms=50) == []
+
+
+def test_a_dead_generators_prompt_is_reclaimed_and_a_failed_one_requeued(redis_server):
+    streams = RunStreams.connect(redis_server.url, "t2", reclaim_idle_s=0.3)
+    streams.publish([_prompt(0), _prompt(1)])
+    dead = streams.next_prompt("gen-dead")  # taken, never finished
+    assert dead is not None and dead.group.group_id == "0-0"
+    failed = streams.next_prompt("gen-1")
+    assert failed is not None
+    streams.retry(failed.entry_id, failed.group)
+    again = streams.next_prompt("gen-1", block_ms=50)
+    assert again is not None and again.group == failed.group and not again.redelivered
+    streams.finish(again.entry_id, _rollout(again.group))
+    assert streams.next_prompt("gen-1", block_ms=50) is None, "0-0 is not idle long enough yet"
+    time.sleep(0.4)
+    reclaimed = streams.next_prompt("gen-1", block_ms=50)
+    assert reclaimed is not None and reclaimed.redelivered and reclaimed.group.group_id == "0-0"
+    streams.finish(reclaimed.entry_id, _rollout(reclaimed.group))
+    assert streams.depths() == {"prompts": 0, "rollouts": 2}
+
+
+def test_a_restarted_orchestrator_recovers_what_it_took_and_duplicates_are_detected(redis_server):
+    streams = RunStreams.connect(redis_server.url, "t3")
+    streams.publish([_prompt(i) for i in range(3)])
+    _generate_all(streams)
+    taken = streams.take_rollouts("orch", count=2, block_ms=50)
+    assert len(taken) == 2
+    # the orchestrator dies before training on them: a new one under the same name
+    restarted = RunStreams.connect(redis_server.url, "t3")
+    recovered = restarted.recover("orch")
+    assert {d.entry_id for d in recovered} == {d.entry_id for d in taken}
+    assert all(d.redelivered for d in recovered)
+    restarted.complete([d.entry_id for d in recovered], [d.group.group_id for d in recovered], {})
+    # a slow generator finishes 0-0 a second time: the group is known as trained
+    restarted.finish("0-0", _rollout(_prompt(0)))
+    rest = restarted.take_rollouts("orch", count=10, block_ms=50)
+    ids = [d.group.group_id for d in rest]
+    assert sorted(ids) == ["0-0", "0-2"]
+    assert restarted.trained_already(ids) == [gid == "0-0" for gid in ids]
+
+
+def test_queues_survive_a_redis_restart_with_the_append_only_file(tmp_path):
+    data = tmp_path / "redis"
+    server = RedisServer(data).start()
+    streams = RunStreams.connect(server.url, "t4")
+    streams.publish([_prompt(i) for i in range(4)])
+    d = streams.next_prompt("gen-0")
+    assert d is not None
+    streams.finish(d.entry_id, _rollout(d.group))
+    streams.complete([], ["old"], {"version": 3})
+    server.stop()
+    with RedisServer(data, port=server.port) as again:
+        streams = RunStreams.connect(again.url, "t4")
+        assert streams.depths() == {"prompts": 3, "rollouts": 1}
+        assert streams.get_state() == {"version": "3"}
+        assert streams.trained_already(["old"]) == [True]
+        assert _generate_all(streams) == 3
+
+
+def test_an_unreachable_redis_is_a_clear_error():
+    with pytest.raises(ConnectionError, match="not reachable"):
+        RunStreams.connect("redis://127.0.0.1:1/0", "t5")

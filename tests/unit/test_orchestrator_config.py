@@ -1,0 +1,96 @@
+"""`specrl run` configs and data: bad input is a clear error before anything starts, and
+bad dataset rows are skipped and counted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specrl.config import ConfigError, DataConfig, RunConfig, load_config
+from specrl.orchestrator.data import DataError, PromptSource
+
+
+class CharTokenizer:
+    """Stand-in for the policy's tokenizer: one id per character (no model needed)."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [ord(c) % 128 for c in text]}
+
+
+def _write(tmp_path, text: str, name: str = "run.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("orchestrator: {stepz: 3}", "orchestrator.stepz: Extra inputs are not permitted"),
+        ("orchestrator: {max_lag: -1}", "orchestrator.max_lag"),
+        ("rollout: {server: {speculation: {method: eagle3, num_speculative_tokens: -1, draft: x}}}",
+         "num_speculative_tokens"),
+        ("sampling: {n: 1}", "sampling.n"),
+        ("data: {source: /no/such/file.jsonl}", "no such file"),
+        ("orchestrator: {stale: importance}", "needs trainer.server.trainer.grpo.is_cap"),
+        ("rollout: {server: {engine: {model: zoo:draft}}}", "must be the same policy"),
+        ("sampling: {max_tokens: 600}", "leaves no room"),
+        ("rollout: {replicas: 1, addresses: ['a:1']}", "not both"),
+        ("data: {prompts_per_step: 3}\nsampling: {n: 3}\ntrainer: {server: {trainer: {dp: 2}}}",
+         "must split across trainer dp"),
+    ],
+)  # fmt: skip
+def test_bad_run_configs_name_the_field(tmp_path, yaml_text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(_write(tmp_path, yaml_text), RunConfig)
+
+
+def test_the_example_configs_validate():
+    from pathlib import Path
+
+    for path in sorted(Path("examples").glob("*rl*.yaml")):
+        cfg = load_config(path, RunConfig)
+        assert cfg.orchestrator.steps >= 1, path
+
+
+def test_file_rows_are_read_and_bad_ones_skipped_and_counted(tmp_path):
+    rows = [
+        {"prompt": "1+1=?", "answer": "2"},
+        {"prompt": "", "answer": "0"},  # empty prompt
+        {"question": "no prompt field", "answer": "1"},  # missing field
+        {"prompt": "x" * 500, "answer": "1"},  # too long for the context
+        {"prompt": "2+3=?", "answer": 5},
+    ]
+    data = _write(tmp_path, "\n".join(json.dumps(r) for r in rows), "data.jsonl")
+    cfg = DataConfig(source=str(data), shuffle=False, template="Q: {prompt}\nA:")
+    source = PromptSource(cfg, CharTokenizer(), max_prompt_tokens=100)
+    items = source.batch(4)
+    assert [(i.prompt, i.answer) for i in items] == [("Q: 1+1=?\nA:", "2"), ("Q: 2+3=?\nA:", "5")] * 2
+    assert items[0].prompt_ids == [ord(c) for c in "Q: 1+1=?\nA:"]
+    assert source.skipped == {"empty prompt": 2, "missing field": 2, "prompt too long": 2}
+    assert source.position == 4
+    resumed = PromptSource(cfg, CharTokenizer(), max_prompt_tokens=100, position=3)
+    assert resumed.next().prompt == "Q: 2+3=?\nA:"
+
+
+def test_unreadable_or_unusable_files_are_errors(tmp_path):
+    broken = _write(tmp_path, '{"prompt": "a", "answer": ', "broken.jsonl")
+    with pytest.raises(DataError, match="cannot read"):
+        PromptSource(DataConfig(source=str(broken)), CharTokenizer(), max_prompt_tokens=100)
+    other = _write(tmp_path, '{"q": "a", "a": "1"}\n', "other.jsonl")
+    with pytest.raises(DataError, match=r"no column \['prompt', 'answer'\]"):
+        PromptSource(DataConfig(source=str(other)), CharTokenizer(), max_prompt_tokens=100)
+    txt = _write(tmp_path, "hello", "data.txt")
+    with pytest.raises(DataError, match="unknown format"):
+        PromptSource(DataConfig(source=str(txt)), CharTokenizer(), max_prompt_tokens=100)
+    long = _write(tmp_path, json.dumps({"prompt": "x" * 50, "answer": "1"}), "long.jsonl")
+    with pytest.raises(DataError, match="unusable"):
+        PromptSource(DataConfig(source=str(long)), CharTokenizer(), max_prompt_tokens=10).next()
+
+
+def test_task_prompts_are_the_zoo_task():
+    source = PromptSource(DataConfig(task_max_terms=2), CharTokenizer(), max_prompt_tokens=100)
+    item = source.next()
+    assert item.prompt.startswith("Q: ") and item.prompt.endswith("=?\nA:")
+    assert int(item.answer) == eval(item.prompt[3:-5])
