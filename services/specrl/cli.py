@@ -221,6 +221,18 @@ def bench_trainer(
     run_trainer_bench(out, prompts=prompts, steps=steps, micro=micro_batch, console=console)
 
 
+@bench_app.command("step")
+def bench_step(
+    out: Path = typer.Option(Path("docs/bench/step.json"), help="JSON output (PNG and a run report beside)."),
+    steps: int = typer.Option(8, min=2, help="RL steps per configuration (the first warms up)."),
+    config: Path = typer.Option(None, help="Base RunConfig (default: examples/tiny-rl-zero.yaml)."),
+) -> None:
+    """RL step breakdown: AR vs EAGLE-3 (sync) vs EAGLE-3 async (lag 1), same job, same run."""
+    from specrl.bench.step import run_step_bench
+
+    run_step_bench(out, steps=steps, config=config, console=console)
+
+
 @app.command("demo")
 def demo() -> None:
     """Build the zoo, serve the target with EAGLE-3, self-test, verify and sample."""

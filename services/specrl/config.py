@@ -175,6 +175,10 @@ class GRPOConfig(StrictModel):
 
 class OptimConfig(StrictModel):
     lr: float = Field(1e-5, gt=0)
+    # Linear warmup of the learning rate over the first steps: Adam's first updates are
+    # ~lr * sign(gradient) for every weight, which on small, noisy RL batches is mostly
+    # noise (docs/trainer.md, "Learning dynamics").
+    warmup_steps: int = Field(0, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float | None = Field(1.0, gt=0)
@@ -274,7 +278,8 @@ class DataConfig(StrictModel):
     source: str = "task"
     prompt_key: str = "prompt"
     answer_key: str = "answer"
-    # Format each row's prompt (`{prompt}` is the row's text), e.g. a chat preamble.
+    # Each row's prompt is this with `{prompt}` replaced by the row's text (other braces,
+    # e.g. "\\boxed{}", are kept as they are).
     template: str = Field("{prompt}", pattern=r"\{prompt\}")
     prompts_per_step: int = Field(16, ge=1)
     shuffle: bool = True
@@ -324,11 +329,25 @@ class OrchestratorConfig(StrictModel):
     stale: Literal["drop", "importance"] = "drop"
     # Concurrent Generate calls (prompt groups) per rollout replica.
     concurrency: int = Field(16, ge=1)
-    # A prompt or rollout entry pending this long is taken over by another consumer.
+    # One Generate call (a group of n samples) may take this long before it is retried.
+    generate_timeout_s: float = Field(240.0, gt=0)
+    # A prompt or rollout entry pending this long is taken over by another consumer
+    # (longer than a Generate call may take, so a live generator is never overtaken).
     reclaim_idle_s: float = Field(300.0, gt=0)
+    # Fail the run when no rollout arrives for this long (every replica down, say).
+    stall_timeout_s: float = Field(1800.0, gt=0)
     # Save a trainer checkpoint every this many steps (0: only at the end).
     checkpoint_every: int = Field(0, ge=0)
     metrics_port: int | None = Field(None, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _check(self) -> OrchestratorConfig:
+        if self.generate_timeout_s >= self.reclaim_idle_s:
+            raise ValueError(
+                f"orchestrator.generate_timeout_s ({self.generate_timeout_s:g}) must be below "
+                f"reclaim_idle_s ({self.reclaim_idle_s:g}): a live generator would be overtaken"
+            )
+        return self
 
 
 class RedisConfig(StrictModel):
@@ -381,22 +400,24 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _agree(self) -> RunConfig:
-        """Fields several services must agree on, checked once before anything starts."""
+        """Fields several services must agree on, checked once before anything starts
+        (for the services started here; ones reached by address are checked live)."""
         engine, trainer = self.rollout.server.engine, self.trainer.server.trainer
-        if not self.rollout.addresses and self.trainer.address is None and engine.model != trainer.model:
+        local_rollout, local_trainer = not self.rollout.addresses, self.trainer.address is None
+        if local_rollout and local_trainer and engine.model != trainer.model:
             raise ValueError(
                 f"rollout.server.engine.model ({engine.model}) and trainer.server.trainer.model "
                 f"({trainer.model}) must be the same policy"
             )
-        if self.sampling.max_tokens >= engine.max_model_len:
+        if local_rollout and self.sampling.max_tokens >= engine.max_model_len:
             raise ValueError(
                 f"sampling.max_tokens ({self.sampling.max_tokens}) leaves no room for a prompt in "
                 f"rollout.server.engine.max_model_len ({engine.max_model_len})"
             )
-        if self.orchestrator.stale == "importance" and trainer.grpo.is_cap is None:
+        if local_trainer and self.orchestrator.stale == "importance" and trainer.grpo.is_cap is None:
             raise ValueError("orchestrator.stale: importance needs trainer.server.trainer.grpo.is_cap")
         batch = self.data.prompts_per_step * self.sampling.n
-        if batch % trainer.dp:
+        if local_trainer and batch % trainer.dp:
             raise ValueError(f"prompts_per_step x n ({batch}) must split across trainer dp ({trainer.dp})")
         return self
 

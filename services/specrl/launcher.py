@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,13 @@ from pydantic import BaseModel
 
 class ServerDied(RuntimeError):
     pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (for a child that cannot bind port 0 itself)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 class ServiceProcess:

@@ -114,3 +114,16 @@ def test_queues_survive_a_redis_restart_with_the_append_only_file(tmp_path):
 def test_an_unreachable_redis_is_a_clear_error():
     with pytest.raises(ConnectionError, match="not reachable"):
         RunStreams.connect("redis://127.0.0.1:1/0", "t5")
+
+
+def test_a_stale_group_is_retired_and_its_prompt_admitted_again_atomically(redis_server):
+    streams = RunStreams.connect(redis_server.url, "t6")
+    streams.publish([_prompt(0)])
+    _generate_all(streams)
+    (stale,) = streams.take_rollouts("orch", count=10, block_ms=50)
+    again = PromptGroup("0-0.r1", 1, stale.group.prompt_ids, "Q0", "0", admitted_version=1)
+    streams.replace(stale.entry_id, "0-0", again)
+    assert streams.depths() == {"prompts": 1, "rollouts": 0}
+    assert streams.trained_already(["0-0", "0-0.r1"]) == [True, False]
+    taken = streams.next_prompt("gen-0", block_ms=50)
+    assert taken is not None and taken.group == again

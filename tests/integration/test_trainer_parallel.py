@@ -12,7 +12,6 @@ loss moves weights by ~1e-3."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import torch
 import torch.multiprocessing as mp
 
 from specrl.config import TrainerConfig
+from specrl.launcher import free_port
 
 from conftest import tiny_qwen3, tiny_rollouts
 
@@ -61,12 +61,6 @@ def _rank(rank: int, world: int, port: int, model: str, tp: int, dp: int, out: s
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     """The single-process step per KV-head count, computed once."""
@@ -88,7 +82,7 @@ def test_parallel_step_equals_single_process(single, tmp_path, tp, dp, kv_heads)
     path, want, want_state = single(kv_heads)
     out = tmp_path / "result.pt"
     mp.start_processes(
-        _rank, args=(2, _free_port(), str(path), tp, dp, str(out)), nprocs=2, start_method="spawn"
+        _rank, args=(2, free_port(), str(path), tp, dp, str(out)), nprocs=2, start_method="spawn"
     )
     got = torch.load(out, weights_only=False)
     m = got["metrics"]

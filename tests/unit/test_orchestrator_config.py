@@ -64,6 +64,9 @@ def test_file_rows_are_read_and_bad_ones_skipped_and_counted(tmp_path):
     ]
     data = _write(tmp_path, "\n".join(json.dumps(r) for r in rows), "data.jsonl")
     cfg = DataConfig(source=str(data), shuffle=False, template="Q: {prompt}\nA:")
+    boxed = DataConfig(source=str(data), template="{prompt} Put the answer in \\boxed{}.")
+    item = PromptSource(boxed, CharTokenizer(), max_prompt_tokens=100).next()
+    assert item.prompt.endswith(" Put the answer in \\boxed{}.")
     source = PromptSource(cfg, CharTokenizer(), max_prompt_tokens=100)
     items = source.batch(4)
     assert [(i.prompt, i.answer) for i in items] == [("Q: 1+1=?\nA:", "2"), ("Q: 2+3=?\nA:", "5")] * 2

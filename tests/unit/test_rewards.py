@@ -20,6 +20,8 @@ from specrl.orchestrator.rewards import extract_answer, load_reward, math_reward
         ("answer: -3", "-3", 1.0),
         ("answer: -3", "3", 0.0),
         ("The answer is 7. Wait, the answer is 8.", "8", 1.0),  # the last statement counts
+        ("The answer is: 12", "12", 1.0),
+        ("so the total is 42, which is even", "42", 1.0),
         ("no number here", "1", 0.0),
         ("", "0", 0.0),
     ],

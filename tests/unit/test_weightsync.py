@@ -124,7 +124,7 @@ def test_check_manifest_against_checkpoint():
 
 def _receiver(port: int, rank: int, manifest: dict, out: mp.Queue) -> None:
     info = JoinInfo(
-        "policy", "127.0.0.1", port, epoch=7, rank_offset=1, world_size=3, backend="gloo", timeout_s=30
+        "policy", "127.0.0.1", port, epoch=7, rank_offset=1, world_size=3, backend="gloo", timeout_s=120
     )
     group = WeightGroup.join(info, local_rank=rank - 1)
     got: dict[str, torch.Tensor] = {}
@@ -137,18 +137,18 @@ def _receiver(port: int, rank: int, manifest: dict, out: mp.Queue) -> None:
 def test_real_gloo_group_broadcasts_buckets_to_every_receiver():
     named = _named()
     m = plan([(n, t.shape, t.dtype) for n, t in named], bucket_bytes=256)
-    store = host_store("127.0.0.1", 0, 30)
+    store = host_store("127.0.0.1", 0, 120)  # generous: spawning two torch processes on a busy 2-core box
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_receiver, args=(store.port, r, m.to_dict(), out)) for r in (1, 2)]
     for p in procs:
         p.start()
-    group = WeightGroup(store, kind="policy", epoch=7, rank=0, world_size=3, backend="gloo", timeout_s=30)
+    group = WeightGroup(store, kind="policy", epoch=7, rank=0, world_size=3, backend="gloo", timeout_s=120)
     tensors = dict(named)
     for i, size in enumerate(m.bucket_bytes):
         specs = m.bucket(i)
         group.broadcast(pack(specs, [tensors[s.name] for s in specs], size))
-    results = [out.get(timeout=60) for _ in procs]
+    results = [out.get(timeout=180) for _ in procs]
     for p in procs:
         p.join(timeout=30)
     group.close()

@@ -16,7 +16,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import tempfile
 import time
@@ -30,6 +29,7 @@ from rich.table import Table
 
 from specrl.bench.report import markdown_table
 from specrl.config import TrainerConfig, resolve_model_path
+from specrl.launcher import free_port
 from specrl.trainer.batch import Rollout
 
 GROUP = 8  # samples per prompt
@@ -114,12 +114,6 @@ def _rank(rank: int, world: int, port: int, tp: int, dp: int, micro: int, data: 
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_specrl(tp: int, dp: int, rollouts: list[Rollout], *, steps: int, micro: int) -> list[dict]:
     """Per-step timings of specrl's trainer in this layout (rank 0's view)."""
     if tp * dp == 1:
@@ -127,7 +121,7 @@ def run_specrl(tp: int, dp: int, rollouts: list[Rollout], *, steps: int, micro: 
     with tempfile.TemporaryDirectory(prefix="specrl-bench-trainer-") as d:
         data = Path(d) / "batch.pt"
         torch.save(rollouts, data)
-        args = (tp * dp, _free_port(), tp, dp, micro, str(data), steps)
+        args = (tp * dp, free_port(), tp, dp, micro, str(data), steps)
         mp.start_processes(_rank, args=args, nprocs=tp * dp, start_method="spawn")
         return json.loads(data.with_suffix(".out").read_text())
 

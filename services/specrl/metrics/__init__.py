@@ -203,7 +203,7 @@ class TrainerMetrics:
         )
 
 
-STAGES = ("data", "prepare", "gen", "exposed_generation", "reward", "logprob", "train", "other")
+STAGES = ("data", "prepare", "gen", "exposed_generation", "reward", "logprob", "train", "checkpoint", "other")
 
 
 class OrchestratorMetrics:

@@ -66,7 +66,7 @@ class PromptSource:
         if prompt is None or answer is None:
             self.skipped["missing field"] += 1
             return None
-        text = self.cfg.template.format(prompt=str(prompt))
+        text = self.cfg.template.replace("{prompt}", str(prompt))  # other braces stay as they are
         if not str(prompt).strip():
             self.skipped["empty prompt"] += 1
             return None

@@ -13,9 +13,11 @@ Then the consumed entries are acknowledged, the groups recorded as trained and t
 version saved, in one Redis transaction.
 
 At consumption every sample's lag (s minus the version that generated it) is checked
-again: a group beyond the bound is dropped and its prompt generated anew (stale: drop),
-or kept for truncated importance sampling (stale: importance); it is never silently used.
-A group delivered twice is trained on once.
+again: a group beyond the bound is retired and its prompt generated anew (stale: drop),
+or kept for truncated importance sampling and counted (stale: importance); it is never
+silently used. A group delivered twice is trained on once; a group a replica refused for
+good (e.g. a prompt longer than its context) is replaced by the next prompt of the data.
+A replica the trainer could not update is paused until an update reaches it.
 
 Partial rollouts across a weight update: requests in flight when an update begins finish
 on the old weights (the rollout server drains them, docs/weightsync.md), so every sample
@@ -28,6 +30,7 @@ import json
 import logging
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,7 +48,7 @@ log = logging.getLogger("specrl.orchestrator")
 CONSUMER = "orchestrator"
 # Stages that add up to the step's wall time (with "other", the orchestrator's own
 # time); gen and reward run in the generators, overlapping them.
-ADDITIVE = ("prepare", "data", "exposed_generation", "logprob", "train")
+ADDITIVE = ("prepare", "data", "exposed_generation", "logprob", "train", "checkpoint")
 
 
 class GenerationStalled(RuntimeError):
@@ -65,58 +68,58 @@ class Orchestrator:
         metrics: OrchestratorMetrics | None = None,
         log_path: Path | None = None,
         on_step: Callable[[dict], None] | None = None,
-        stall_timeout_s: float = 1800.0,
+        checkpoint_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.streams = streams
         self.trainer = trainer
         self.replicas = replicas
         self.source = source
-        self.reward_fn = reward_fn
         self.metrics = metrics
         self.log_path = log_path
         self.on_step = on_step
-        self.stall_timeout_s = stall_timeout_s
+        self.checkpoint_dir = checkpoint_dir
         self.version = trainer.status().step
-        state = streams.get_state()
-        self.next_batch = int(state.get("next_batch", self.version))
+        self.next_batch = int(streams.get_state().get("next_batch", self.version))
         self.buffer: dict[str, Delivery] = {}  # rollout entry id -> delivery held
-        self.published_at: dict[int, float] = {}
-        self.generators: Generators | None = None
+        o = cfg.orchestrator
+        self.generators = Generators(
+            streams,
+            replicas,
+            concurrency=o.concurrency,
+            sampling=cfg.sampling,
+            reward_fn=reward_fn,
+            seed=cfg.seed,
+            timeout_s=o.generate_timeout_s,
+            metrics=metrics,
+        )
         self._taken: list[Delivery] = []  # the batch being trained on
-        self.stale_samples = self.duplicates = 0  # in the current step
-        self._retries = 0
+        self._counts: Counter[str] = Counter()  # per step: stale, stale_kept, duplicate, failed
+        self._replaced = 0
+        self._counted_kept: set[str] = set()  # stale groups kept (stale: importance), counted once
         self._t_start = time.time()
 
     # -- the loop -----------------------------------------------------------------
 
     def run(self) -> list[dict]:
-        o = self.cfg.orchestrator
-        self.generators = Generators(
-            self.streams,
-            self.replicas,
-            concurrency=o.concurrency,
-            sampling=self.cfg.sampling,
-            reward_fn=self.reward_fn,
-            seed=self.cfg.seed,
-            metrics=self.metrics,
-        ).start()
         records = []
+        self.generators.start()
         try:
             for d in self.streams.recover(CONSUMER):
-                self.buffer[d.entry_id] = d
-            while self.version < o.steps:
+                self._hold(d)
+            while self.version < self.cfg.orchestrator.steps:
                 records.append(self.step())
-            self.trainer.push_weights(self.replicas)  # replicas end on the final policy
+            self._push()  # the replicas end on the final policy
         finally:
             self.generators.stop()
         return records
 
     def step(self) -> dict:
         step = self.version
-        idle_rollout0 = self.generators.idle_seconds() if self.generators else 0.0
+        self._counts.clear()
+        idle_rollout0 = self.generators.idle_seconds()
         t0 = time.perf_counter()
-        push = self.trainer.push_weights(self.replicas)
+        push = self._push()
         t1 = time.perf_counter()
         self._admit(step)
         t2 = time.perf_counter()
@@ -129,22 +132,27 @@ class Orchestrator:
         ]
         resp = self.trainer.train_step(rollouts, self.cfg.sampling.n)
         self.version = resp.step
-        self.streams.complete(
-            [d.entry_id for d in self._taken], [g.group_id for g in groups], {"version": self.version}
-        )
+        entries = [d.entry_id for d in self._taken]
+        self.streams.complete(entries, [g.group_id for g in groups], {"version": self.version})
         for d in self._taken:
             self.buffer.pop(d.entry_id, None)
+        t4 = time.perf_counter()
+        self._checkpoint()
+        t5 = time.perf_counter()
         m = resp.metrics
-        t = {"prepare": t1 - t0, "data": t2 - t1, "exposed_generation": t3 - t2}
-        t |= {"logprob": m.logprob_seconds, "train": m.train_seconds, "step": time.perf_counter() - t0}
+        # The replicas' drain at the start of a push waits for Generate calls in flight
+        # (async RL): time the trainer waits for generation, so it counts as exposed.
+        drain = push.phases.get("begin", 0.0)
+        t = {"prepare": t1 - t0 - drain, "data": t2 - t1, "exposed_generation": t3 - t2 + drain}
+        t |= {"logprob": m.logprob_seconds, "train": m.train_seconds, "checkpoint": t5 - t4}
+        t["step"] = time.perf_counter() - t0
         t["other"] = t["step"] - sum(t[k] for k in ADDITIVE)
-        finished = [g.finished_at for g in groups]
-        t["gen"] = max(finished) - self.published_at.get(step, min(finished))
+        t["gen"] = max(g.finished_at for g in groups) - min(g.started_at for g in groups)
         t["reward"] = sum(g.reward_seconds for g in groups)
         record = self._record(step, groups, m, push, t)
         record["idle"] = {
             "trainer": t["step"] - m.logprob_seconds - m.train_seconds,
-            "rollout": (self.generators.idle_seconds() if self.generators else 0.0) - idle_rollout0,
+            "rollout": self.generators.idle_seconds() - idle_rollout0,
         }
         self._observe(record)
         if self.log_path is not None:
@@ -154,6 +162,24 @@ class Orchestrator:
             self.on_step(record)
         return record
 
+    def _checkpoint(self) -> None:
+        """Every `checkpoint_every` versions (the run saves the last one itself)."""
+        every, steps = self.cfg.orchestrator.checkpoint_every, self.cfg.orchestrator.steps
+        if self.checkpoint_dir is not None and every and self.version % every == 0 and self.version < steps:
+            self.trainer.save(str(self.checkpoint_dir.resolve()))
+
+    def _push(self):
+        """Bring every replica to the trainer's version; a replica the update did not
+        reach is paused (its samples would be too old) until one does."""
+        push = self.trainer.push_weights(self.replicas)
+        for replica in self.replicas:
+            if replica in push.dropped:
+                self.generators.pause(replica)
+            else:
+                self.generators.resume(replica)
+        self.generators.min_version = max(0, push.version - self.cfg.orchestrator.max_lag)
+        return push
+
     # -- admission ------------------------------------------------------------------
 
     def _admit(self, step: int) -> None:
@@ -162,30 +188,30 @@ class Orchestrator:
         last = min(step + o.max_lag, o.steps - 1)
         while self.next_batch <= last:
             b = self.next_batch
-            items = self.source.batch(self.cfg.data.prompts_per_step)
-            groups = [
-                PromptGroup(f"{b}-{i}", b, it.prompt_ids, it.prompt, it.answer, admitted_version=self.version)
-                for i, it in enumerate(items)
-            ]
+            groups = [self._group(f"{b}-{i}", b) for i in range(self.cfg.data.prompts_per_step)]
             self.next_batch = b + 1
-            self.streams.publish(
-                groups, {"next_batch": self.next_batch, "data_position": self.source.position}
-            )
-            self.published_at[b] = time.time()
+            state = {"next_batch": self.next_batch, "data_position": self.source.position}
+            self.streams.publish(groups, state)
         if self.metrics:
             for reason, n in self.source.skipped.items():
                 self.metrics.data_skipped.labels(reason=reason).set(n)
 
+    def _group(self, group_id: str, batch: int) -> PromptGroup:
+        """The next prompt of the data as a group for `batch`."""
+        it = self.source.next()
+        return PromptGroup(
+            group_id, batch, it.prompt_ids, it.prompt, it.answer, admitted_version=self.version
+        )
+
     # -- consumption ------------------------------------------------------------------
 
     def _collect(self, step: int) -> list[RolloutGroup]:
-        """Wait until batch `step` is complete (duplicates discarded, stale groups dropped
-        and regenerated or kept, per config); returns its groups in a stable order."""
+        """Wait until batch `step` is complete; returns its groups in a stable order."""
         want = self.cfg.data.prompts_per_step
+        stall = self.cfg.orchestrator.stall_timeout_s
         last_progress, seen = time.monotonic(), 0
-        self.stale_samples = self.duplicates = 0
         while True:
-            self._drop_stale(step)
+            self._screen(step)
             mine = sorted(
                 (d for d in self.buffer.values() if d.group.batch <= step),
                 key=lambda d: (d.group.batch, d.group.group_id),
@@ -197,14 +223,15 @@ class Orchestrator:
                 self._hold(d)
             if len(self.buffer) != seen:
                 last_progress, seen = time.monotonic(), len(self.buffer)
-            elif time.monotonic() - last_progress > self.stall_timeout_s:
-                errors = self.generators.errors if self.generators else {}
+            elif time.monotonic() - last_progress > stall:
                 raise GenerationStalled(
-                    f"no rollout for {self.stall_timeout_s:.0f}s at step {step} "
-                    f"(queues {self.streams.depths()}, generator errors {errors})"
+                    f"no rollout for {stall:.0f}s at step {step} (queues {self.streams.depths()}, "
+                    f"generator errors {self.generators.errors})"
                 )
 
     def _hold(self, d: Delivery) -> None:
+        """Keep a delivered group for its step, unless it is a copy of one held, trained
+        on or retired already."""
         if d.entry_id in self.buffer:
             return  # reclaimed by ourselves while held
         gid = d.group.group_id
@@ -213,31 +240,38 @@ class Orchestrator:
             or self.streams.trained_already([gid])[0]
         ):
             self.streams.discard([d.entry_id])
-            self.duplicates += len(d.group.samples)  # type: ignore[union-attr]
+            self._counts["duplicate"] += len(d.group.samples)  # type: ignore[union-attr]
             return
         self.buffer[d.entry_id] = d
 
-    def _drop_stale(self, step: int) -> None:
+    def _screen(self, step: int) -> None:
+        """Replace failed groups and groups beyond the lag bound (stale: drop) by fresh
+        prompts for this step; count the stale ones kept (stale: importance)."""
         o = self.cfg.orchestrator
-        if o.stale != "drop":
-            return
         for d in list(self.buffer.values()):
             g = d.group
             assert isinstance(g, RolloutGroup)
-            if g.batch <= step and step - g.min_policy_version > o.max_lag:
-                self._retries += 1
-                log.warning(
-                    "group %s is %d versions old: dropped, generated again",
-                    g.group_id,
-                    step - g.min_policy_version,
-                )
+            if g.batch > step:
+                continue
+            lag = step - min((x.policy_version for x in g.samples), default=step)
+            if g.error:
+                self._counts["failed"] += 1
+                log.error("group %s failed (%s): replaced by the next prompt", g.group_id, g.error)
+                again = self._group(f"{g.group_id}.f", step)
+            elif lag > o.max_lag and o.stale == "drop":
+                self._counts["stale"] += len(g.samples)
+                log.warning("group %s is %d versions old: dropped, generated again", g.group_id, lag)
+                self._replaced += 1
                 again = PromptGroup(
-                    f"{g.group_id}.r{self._retries}", step, g.prompt_ids, g.prompt, g.answer, self.version
+                    f"{g.group_id}.r{self._replaced}", step, g.prompt_ids, g.prompt, g.answer, self.version
                 )
-                self.streams.discard([d.entry_id])
-                del self.buffer[d.entry_id]
-                self.stale_samples += len(g.samples)
-                self.streams.publish([again])
+            else:
+                if lag > o.max_lag and g.group_id not in self._counted_kept:
+                    self._counted_kept.add(g.group_id)
+                    self._counts["stale_kept"] += len(g.samples)
+                continue
+            self.streams.replace(d.entry_id, g.group_id, again)
+            del self.buffer[d.entry_id]
 
     # -- records --------------------------------------------------------------------
 
@@ -248,7 +282,6 @@ class Orchestrator:
         tokens = sum(len(s.completion_ids) for s in samples)
         return {
             "step": step,
-            "policy_version": step,
             "wall": time.time() - self._t_start,
             "time": {k: round(v, 4) for k, v in t.items()},
             "groups": len(groups),
@@ -259,14 +292,18 @@ class Orchestrator:
             "acceptance_length": 1 + sum(s.accepted_tokens for s in samples) / drafts if drafts else 1.0,
             "lag": {"min": min(lags), "max": max(lags), "mean": statistics.fmean(lags)},
             "lag_counts": {str(k): lags.count(k) for k in sorted(set(lags))},
-            "stale_samples": self.stale_samples,
-            "duplicate_samples": self.duplicates,
+            "stale_samples": self._counts["stale"],
+            "stale_kept_samples": self._counts["stale_kept"],
+            "duplicate_samples": self._counts["duplicate"],
+            "failed_groups": self._counts["failed"],
+            "reward_errors": self.generators.reward_errors,
             "queue_depth": self.streams.depths(),
             "push": {
                 "seconds": push.seconds,
                 "bytes": push.bytes,
                 "updated": list(push.updated),
                 "dropped": dict(push.dropped),
+                "phases": dict(push.phases),
             },
             "loss": m.loss,
             "kl": m.kl,
@@ -290,9 +327,13 @@ class Orchestrator:
                 x.policy_lag.observe(int(lag))
         x.policy_version.set(r["step"] + 1)
         x.steps.inc()
-        x.samples.labels(outcome="trained").inc(r["samples"])
-        x.samples.labels(outcome="stale").inc(r["stale_samples"])
-        x.samples.labels(outcome="duplicate").inc(r["duplicate_samples"])
+        for outcome, key in (
+            ("trained", "samples"),
+            ("stale", "stale_samples"),
+            ("stale_kept", "stale_kept_samples"),
+            ("duplicate", "duplicate_samples"),
+        ):
+            x.samples.labels(outcome=outcome).inc(r[key])
         for q, n in r["queue_depth"].items():
             x.queue_depth.labels(queue=q).set(n)
         x.reward.set(r["reward_mean"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specrl.bench.report import markdown_table
 
-BREAKDOWN = ("prepare", "data", "exposed_generation", "logprob", "train", "other")
+BREAKDOWN = ("prepare", "data", "exposed_generation", "logprob", "train", "checkpoint", "other")
 
 
 def read_steps(path: Path) -> list[dict]:
@@ -50,7 +50,8 @@ def _seconds(t: dict) -> dict:
 
 
 def write_report(runs: dict[str, list[dict]], out: Path, *, title: str = "specrl run") -> Path:
-    """`out`.md and `out`.png for the labelled runs."""
+    """`out`.md and `out`.png for the labelled runs (runs without steps are left out)."""
+    runs = {label: records for label, records in runs.items() if records}
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.with_suffix(".png")
     _plot(runs, png, title)

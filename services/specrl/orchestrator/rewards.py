@@ -14,7 +14,7 @@ from fractions import Fraction
 RewardFn = Callable[[str, str], float]
 
 _BOXED = "\\boxed{"
-_STATED = re.compile(r"(?:answer is|answer:|####)\s*\$?\s*(-?\d[\d,./]*|[^\s.,;$]+)", re.IGNORECASE)
+_STATED = re.compile(r"(?:answer is:?|answer:|####)\s*\$?\s*(-?\d[\d,./]*|[^\s.,;:$]+)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _FRAC = re.compile(r"\\d?frac\{([^{}]+)\}\{([^{}]+)\}")
 
@@ -40,9 +40,9 @@ def extract_answer(completion: str) -> str | None:
         return boxed.strip()
     stated = _STATED.findall(completion)
     if stated:
-        return stated[-1].strip().rstrip(".").strip()
+        return stated[-1].strip().rstrip(".,").strip()
     numbers = _NUMBER.findall(completion)
-    return numbers[-1] if numbers else None
+    return numbers[-1].rstrip(",") if numbers else None
 
 
 def _as_number(text: str) -> Fraction | None:

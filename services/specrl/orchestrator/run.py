@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specrl.config import ZOO_SCHEME, RunConfig, resolve_model_path
+from specrl.config import ZOO_SCHEME, RunConfig
 from specrl.metrics import OrchestratorMetrics
 from specrl.orchestrator.data import PromptSource
 from specrl.orchestrator.loop import Orchestrator
@@ -21,9 +21,15 @@ from specrl.orchestrator.report import write_report
 from specrl.orchestrator.rewards import load_reward
 from specrl.orchestrator.system import System
 from specrl.queue.streams import RunStreams
+from specrl.rollout.client import RolloutClient
 from specrl.trainer.client import TrainerClient
 
 log = logging.getLogger("specrl.run")
+
+# What a run writes into its directory: all that --fresh removes (never anything else
+# that may live in a user-chosen output_dir).
+RUN_FILES = ("config.json", "steps.jsonl", "summary.json", "report.md", "report.png")
+RUN_DIRS = ("checkpoint", "logs", "redis")
 
 
 class RunExists(RuntimeError):
@@ -42,22 +48,25 @@ def step_line(r: dict, steps: int) -> str:
     t = r["time"]
     return (
         f"step {r['step'] + 1}/{steps}  reward {r['reward_mean']:.3f}  "
-        f"accept len {r['acceptance_length']:.2f}  "
-        f"lag<={r['lag']['max']}  |  step {t['step']:.1f}s: gen {t['gen']:.1f}s (exposed "
-        f"{t['exposed_generation']:.1f}s) logprob {t['logprob']:.1f}s train {t['train']:.1f}s "
-        f"prepare {t['prepare']:.1f}s"
+        f"accept len {r['acceptance_length']:.2f}  lag<={r['lag']['max']}  |  step {t['step']:.1f}s: "
+        f"gen {t['gen']:.1f}s (exposed {t['exposed_generation']:.1f}s) logprob {t['logprob']:.1f}s "
+        f"train {t['train']:.1f}s prepare {t['prepare']:.1f}s"
     )
+
+
+def _clean(run_dir: Path) -> None:
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        shutil.rmtree(run_dir / name, ignore_errors=True)
 
 
 def run(cfg: RunConfig, *, console: Console, fresh: bool = False, metrics: bool = True) -> RunResult:
     run_dir = cfg.run_dir
-    steps_log = run_dir / "steps.jsonl"
-    if steps_log.exists():
+    if (run_dir / "steps.jsonl").exists():
         if not fresh:
-            raise RunExists(
-                f"{run_dir} holds a run already: pass --fresh to replace it, or choose another name"
-            )
-        shutil.rmtree(run_dir)
+            raise RunExists(f"{run_dir} holds a run already: --fresh replaces it, or choose another name")
+        _clean(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     registry = OrchestratorMetrics() if metrics else None
@@ -66,8 +75,8 @@ def run(cfg: RunConfig, *, console: Console, fresh: bool = False, metrics: bool 
 
         console.print(f"metrics on :{m.serve(cfg.orchestrator.metrics_port)}/metrics")
 
-    spec = cfg.rollout.server.speculation
-    if any(ref and ref.startswith(ZOO_SCHEME) for ref in (cfg.trainer.server.trainer.model, spec.draft)):
+    draft = cfg.rollout.server.speculation.draft
+    if any(ref and ref.startswith(ZOO_SCHEME) for ref in (cfg.trainer.server.trainer.model, draft)):
         from specrl.zoo.build import build_zoo
 
         build_zoo(console=console)  # cached after the first time (minutes)
@@ -75,26 +84,35 @@ def run(cfg: RunConfig, *, console: Console, fresh: bool = False, metrics: bool 
         system = System(cfg, run_dir).start()
     try:
         console.print(
-            f"[green]services up[/green]: {len(system.replicas)} rollout replica(s) {system.replicas}, "
-            f"trainer {system.trainer_address}, redis {system.redis_url}"
+            f"[green]services up[/green]: rollout {system.replicas}, trainer {system.trainer_address}, "
+            f"redis {system.redis_url}"
         )
-        return _loop(cfg, system, run_dir, console, registry)
+        return _loop(cfg, system, run_dir, console, registry, fresh=fresh)
     finally:
         with console.status("stopping services"):
             system.stop()
 
 
 def _loop(
-    cfg: RunConfig, system: System, run_dir: Path, console: Console, registry: OrchestratorMetrics | None
+    cfg: RunConfig,
+    system: System,
+    run_dir: Path,
+    console: Console,
+    registry: OrchestratorMetrics | None,
+    *,
+    fresh: bool,
 ) -> RunResult:
     from transformers import AutoTokenizer
 
     streams = RunStreams.connect(system.redis_url, cfg.name, reclaim_idle_s=cfg.orchestrator.reclaim_idle_s)
+    if streams.exists() and not fresh:
+        raise RunExists(f"redis {system.redis_url} holds a run named {cfg.name!r}: --fresh replaces it")
     streams.clear()  # a fresh run (resuming a run is not supported yet)
-    model = cfg.trainer.server.trainer.model
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(model))
-    engine = cfg.rollout.server.engine
-    source = PromptSource(cfg.data, tok, max_prompt_tokens=engine.max_model_len - cfg.sampling.max_tokens)
+    with RolloutClient(system.replicas[0]) as c:
+        max_model_len = c.status().max_model_len  # the served context, wherever the replica runs
+    with TrainerClient(system.trainer_address) as t:
+        tok = AutoTokenizer.from_pretrained(t.status().model)
+    source = PromptSource(cfg.data, tok, max_prompt_tokens=max_model_len - cfg.sampling.max_tokens)
     steps = cfg.orchestrator.steps
     with (
         TrainerClient(system.trainer_address) as trainer,
@@ -122,6 +140,7 @@ def _loop(
             metrics=registry,
             log_path=run_dir / "steps.jsonl",
             on_step=on_step,
+            checkpoint_dir=run_dir / "checkpoint",
         )
         records = orchestrator.run()
         checkpoint = trainer.save(str((run_dir / "checkpoint").resolve())).path

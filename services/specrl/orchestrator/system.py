@@ -6,7 +6,6 @@ stops the others and reports its log tail."""
 
 from __future__ import annotations
 
-import socket
 import threading
 from pathlib import Path
 
@@ -14,18 +13,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specrl.config import RunConfig
-from specrl.launcher import ServiceProcess
+from specrl.launcher import ServiceProcess, free_port
 from specrl.queue.redis_server import RedisServer
 
 
 class StartupError(RuntimeError):
     """A service could not be started or reached."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_reachable(address: str, what: str, timeout: float = 10.0) -> None:
@@ -78,7 +71,7 @@ class System:
         if not cfg.trainer.address:
             t = cfg.trainer.server.trainer
             world = t.tp * t.dp
-            env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+            env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
             for rank in range(world):
                 self.trainer.append(
                     ServiceProcess(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,15 +17,11 @@ from pathlib import Path
 
 import redis
 
+from specrl.launcher import free_port
+
 
 class RedisUnavailable(RuntimeError):
     pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
@@ -38,7 +33,7 @@ class RedisServer:
             )
         self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="specrl-redis-"))
         self.aof = aof
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
 
     @property

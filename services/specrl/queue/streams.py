@@ -64,7 +64,9 @@ class RolloutGroup:
     gen_seconds: float
     reward_seconds: float
     admitted_version: int
-    finished_at: float = 0.0  # wall clock (time.time()) when the group was handed on
+    started_at: float = 0.0  # wall clock (time.time()) when its Generate call started
+    finished_at: float = 0.0  # and when the group was handed on
+    error: str = ""  # set when the group failed for good (no samples): it is replaced
 
     @property
     def min_policy_version(self) -> int:
@@ -90,17 +92,24 @@ class RunStreams:
         self.prefix = f"specrl:{run}:"
         self.prompts = self.prefix + "prompts"
         self.rollouts = self.prefix + "rollouts"
+        # groups trained on, or retired (dropped as stale and replaced): a late copy of
+        # one of them is never trained on
         self.trained = self.prefix + "trained"
         self.state = self.prefix + "state"
         self.reclaim_idle_ms = int(reclaim_idle_s * 1000)
 
     @classmethod
     def connect(cls, url: str, run: str, **kw: float) -> RunStreams:
-        client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30, health_check_interval=10)
+        # RESP2 replies (redis-py's default), spelled out: the parsing below relies on it
+        client = redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=30, health_check_interval=10, protocol=2
+        )
         try:
-            client.ping()
+            version = client.info("server")["redis_version"]
         except redis.exceptions.ConnectionError as e:
             raise ConnectionError(f"redis at {url} is not reachable: {e}") from None
+        if int(version.split(".")[0]) < 7:
+            raise ConnectionError(f"redis at {url} is {version}: specrl needs Redis >= 7 (XAUTOCLAIM)")
         streams = cls(client, run, **kw)
         streams.setup()
         return streams
@@ -119,8 +128,7 @@ class RunStreams:
         """Admit groups for generation and save the run state (e.g. how far the data
         was read), atomically."""
         pipe = self.r.pipeline(transaction=True)
-        for g in groups:
-            pipe.xadd(self.prompts, {"data": json.dumps(asdict(g))})
+        self._add_prompts(pipe, groups)
         if state:
             pipe.hset(self.state, mapping={k: str(v) for k, v in state.items()})
         pipe.execute()
@@ -142,16 +150,14 @@ class RunStreams:
         """Hand a finished group to the trainer and acknowledge its prompt, atomically."""
         pipe = self.r.pipeline(transaction=True)
         pipe.xadd(self.rollouts, {"data": json.dumps(asdict(group))})
-        pipe.xack(self.prompts, GENERATORS, prompt_entry)
-        pipe.xdel(self.prompts, prompt_entry)
+        self._done(pipe, self.prompts, GENERATORS, [prompt_entry])
         pipe.execute()
 
     def retry(self, prompt_entry: str, group: PromptGroup) -> None:
         """Give a prompt back (generation failed): re-queued at the end, atomically."""
         pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.prompts, {"data": json.dumps(asdict(group))})
-        pipe.xack(self.prompts, GENERATORS, prompt_entry)
-        pipe.xdel(self.prompts, prompt_entry)
+        self._add_prompts(pipe, [group])
+        self._done(pipe, self.prompts, GENERATORS, [prompt_entry])
         pipe.execute()
 
     # -- training side --------------------------------------------------------------
@@ -180,9 +186,7 @@ class RunStreams:
         """Acknowledge consumed rollout entries, record their groups as trained and save
         the run state (e.g. the policy version), atomically."""
         pipe = self.r.pipeline(transaction=True)
-        if entries:
-            pipe.xack(self.rollouts, TRAINER, *entries)
-            pipe.xdel(self.rollouts, *entries)
+        self._done(pipe, self.rollouts, TRAINER, entries)
         if group_ids:
             pipe.sadd(self.trained, *group_ids)
         if state:
@@ -190,17 +194,29 @@ class RunStreams:
         pipe.execute()
 
     def discard(self, entries: list[str]) -> None:
-        """Acknowledge entries that will never be trained on (duplicates, stale groups)."""
-        if entries:
-            pipe = self.r.pipeline(transaction=True)
-            pipe.xack(self.rollouts, TRAINER, *entries)
-            pipe.xdel(self.rollouts, *entries)
-            pipe.execute()
+        """Acknowledge entries that will never be trained on (duplicates)."""
+        pipe = self.r.pipeline(transaction=True)
+        self._done(pipe, self.rollouts, TRAINER, entries)
+        pipe.execute()
+
+    def replace(self, entry: str, retired: str, again: PromptGroup) -> None:
+        """Retire a rollout group that will never be trained on (stale) and admit its
+        prompt again as `again`, atomically: a late copy of the retired group is
+        recognized as one, and the prompt is never lost in between."""
+        pipe = self.r.pipeline(transaction=True)
+        self._done(pipe, self.rollouts, TRAINER, [entry])
+        pipe.sadd(self.trained, retired)
+        self._add_prompts(pipe, [again])
+        pipe.execute()
 
     # -- state ----------------------------------------------------------------------
 
     def get_state(self) -> dict[str, str]:
         return self.r.hgetall(self.state)
+
+    def exists(self) -> bool:
+        """Whether this run has state in Redis (a previous run under the same name)."""
+        return bool(self.r.exists(self.state, self.trained)) or any(self.depths().values())
 
     def depths(self) -> dict[str, int]:
         """Groups waiting or in progress: prompts not yet generated, rollouts not yet
@@ -212,6 +228,17 @@ class RunStreams:
         self.r.delete(self.prompts, self.rollouts, self.trained, self.state)
         self.setup()
 
+    def _add_prompts(self, pipe, groups: list[PromptGroup]) -> None:
+        for g in groups:
+            pipe.xadd(self.prompts, {"data": json.dumps(asdict(g))})
+
+    @staticmethod
+    def _done(pipe, stream: str, group: str, entries: list[str]) -> None:
+        """Acknowledge entries and delete them (the stream length stays the depth)."""
+        if entries:
+            pipe.xack(stream, group, *entries)
+            pipe.xdel(stream, *entries)
+
     def _reclaim(self, stream: str, group: str, consumer: str, *, count: int) -> list:
-        _, claimed, _ = self.r.xautoclaim(stream, group, consumer, self.reclaim_idle_ms, "0-0", count=count)
-        return [(e, f) for e, f in claimed if f]
+        resp = self.r.xautoclaim(stream, group, consumer, self.reclaim_idle_ms, "0-0", count=count)
+        return [(e, f) for e, f in resp[1] if f]

@@ -35,7 +35,7 @@ def save(policy: Policy, directory: str | Path, *, policy_version: int | None = 
     out.mkdir(parents=True, exist_ok=True)
     model_sd, optim_sd = get_state_dict(policy.model, policy.optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(out / "state"))
-    full = policy.full_state()  # collective gather of sharded parameters
+    full = policy.full_state(keep=_rank() == 0)  # collective gather of sharded parameters
     rng = {"torch": torch.get_rng_state()}
     if policy.capturer is not None:
         rng["capture"] = policy.capturer.generator_state()

@@ -198,6 +198,8 @@ class Policy:
             sums["entropy"] += (entropy.detach() * mb.mask).sum().item()
         parallel.sync_tp_partial_grads(self.model)
         grad_norm = parallel.clip_grad_norm(list(self.model.parameters()), self.cfg.optim.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate()
         self.optimizer.step()
         self.step_count += 1
         t2 = time.perf_counter()
@@ -218,6 +220,12 @@ class Policy:
             mismatch=mismatch(old, batch.rollout_logprobs, batch.mask_of_version(version)),
         )
 
+    def learning_rate(self) -> float:
+        """This step's learning rate: a function of the step count alone, so a resumed
+        run continues the schedule exactly."""
+        o = self.cfg.optim
+        return o.lr * min(1.0, (self.step_count + 1) / o.warmup_steps) if o.warmup_steps else o.lr
+
     def _sum_over_dp(self, sums: dict[str, float]) -> dict[str, float]:
         if self.dp_size == 1:
             return sums
@@ -226,10 +234,13 @@ class Policy:
         dist.all_reduce(t, group=self.dp_group)
         return dict(zip(keys, t.tolist()))
 
-    def full_state(self) -> dict[str, torch.Tensor]:
-        """Every parameter, unsharded (DTensors gathered), under HF names, on CPU."""
+    def full_state(self, *, keep: bool = True) -> dict[str, torch.Tensor]:
+        """Every parameter, unsharded (DTensors gathered), under HF names, on CPU. A
+        collective with TP / DP: every rank calls it; ranks that do not need the result
+        pass keep=False and hold no copy (only one tensor at a time)."""
         out = {}
         for name, p in self.model.named_parameters():
             t = p.full_tensor() if hasattr(p, "full_tensor") else p
-            out[name] = t.detach().to("cpu", copy=True)
+            if keep:
+                out[name] = t.detach().to("cpu", copy=True)
         return out

@@ -97,7 +97,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 out = self.core.push_weights(replicas)
             except WeightSyncError as e:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        fields = ("version", "updated", "dropped", "bytes", "seconds")
+        fields = ("version", "updated", "dropped", "bytes", "seconds", "phases")
         return pb.PushWeightsResponse(**{f: getattr(out, f) for f in fields})
 
     def GetStatus(self, request, context):

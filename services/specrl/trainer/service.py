@@ -62,6 +62,7 @@ class PushOutcome:
     dropped: dict[str, str] = field(default_factory=dict)
     bytes: int = 0
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 class TrainerCore:
@@ -110,25 +111,27 @@ class TrainerCore:
         on rank 0 first (a collective every rank joins), then rank 0 broadcasts them."""
         t0 = time.perf_counter()
         version = self.policy.step_count
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            state = self._run("gather", None)
-            source = state.items
-        else:
-            source = self.policy.model.named_parameters
         sender = self._weight_sender()
         out = PushOutcome(version)
         for gone in set(sender.members) - set(replicas):
             sender.remove_replica(gone)
-        if sender.members and sender.version is not None and version > sender.version:
+        newer = bool(sender.members) and sender.version is not None and version > sender.version
+        joining = [a for a in replicas if a not in sender.members]
+        if not newer and not joining and sender.version == version:
+            return out  # every replica is current: nothing to gather or send
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            source = self._run("gather", None).items
+        else:
+            source = self.policy.model.named_parameters
+        if newer:
             result = sender.push(version, source)
             out.updated, out.dropped, out.bytes = list(result.members), dict(result.dropped), result.bytes
+            out.phases = dict(result.phases)
         else:
             # nothing new for the members (or none yet; or a restarted trainer, whose
             # replicas may hold this version already): catch-ups below send what is due
             sender.set_current(version, source)
-        for address in replicas:
-            if address in sender.members:
-                continue
+        for address in joining:
             try:
                 if sender.add_replica(address):
                     out.updated.append(address)
@@ -185,7 +188,7 @@ class TrainerCore:
             checkpoint.save(policy, payload)
             return payload
         if op == "gather":
-            return policy.full_state()
+            return policy.full_state(keep=self.rank == 0)
         raise ValueError(f"unknown trainer command {op!r}")
 
     def _observe(self, m: StepMetrics) -> None:

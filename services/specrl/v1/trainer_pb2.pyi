@@ -151,7 +151,7 @@ class PushWeightsRequest(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
-    __slots__ = ("version", "updated", "dropped", "bytes", "seconds")
+    __slots__ = ("version", "updated", "dropped", "bytes", "seconds", "phases")
     class DroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -159,14 +159,23 @@ class PushWeightsResponse(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class PhasesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
     version: int
     updated: _containers.RepeatedScalarFieldContainer[str]
     dropped: _containers.ScalarMap[str, str]
     bytes: int
     seconds: float
-    def __init__(self, version: _Optional[int] = ..., updated: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Mapping[str, str]] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    phases: _containers.ScalarMap[str, float]
+    def __init__(self, version: _Optional[int] = ..., updated: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Mapping[str, str]] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., phases: _Optional[_Mapping[str, float]] = ...) -> None: ...
