@@ -1,10 +1,10 @@
 """GPU checks of the trainer and weight-sync code paths on one CUDA device, run from the
 repository root: `PYTHONPATH=services:tests python scripts/gpu_check.py`.
 
-Prints: a GRPO step on CUDA vs CPU (loss, grad norm, weights), hidden-state capture on
-CUDA, checkpoint -> fresh policy -> resume on CUDA (exact), and an NCCL weight-sync group
-(world of one: a single GPU cannot host two NCCL ranks) packing, broadcasting and
-unpacking the model's buckets. Results are recorded in docs/trainer.md.
+Prints: a GRPO step (2 clipped epochs, warmup) on CUDA vs CPU (loss, grad norm,
+weights), hidden-state capture on CUDA, checkpoint -> fresh policy -> resume on CUDA
+(exact), and an NCCL weight-sync group (world of one: a single GPU cannot host two NCCL
+ranks) packing, broadcasting and unpacking the model's buckets. Results are recorded in docs/trainer.md.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def trainer_checks(work: Path) -> torch.nn.Module:
         {
             "model": str(work / "model"),
             "micro_batch_size": 3,
-            "grpo": {"kl_coef": 0.05, "is_cap": 2.0},
-            "optim": {"lr": 1e-3},
+            "grpo": {"kl_coef": 0.05, "is_cap": 2.0, "epochs": 2},
+            "optim": {"lr": 1e-3, "warmup_steps": 2},
             "capture": {"enabled": True, "aux_layer_ids": [0, 1, 3], "topk": 4},
         }
     )

@@ -167,6 +167,10 @@ class GRPOConfig(StrictModel):
     kl_coef: float = Field(0.0, ge=0)
     # Divide group-centred rewards by the group's std (GRPO); False: centre only (Dr. GRPO).
     normalize_std: bool = True
+    # Optimizer steps per batch, each over the whole batch against the behaviour policy's
+    # logprobs (computed once): PPO epochs. The clip bounds how far they move the policy;
+    # more epochs take more from each (expensive) batch of rollouts.
+    epochs: int = Field(1, ge=1)
     # Truncated importance sampling against the rollout engine's logprobs (samples from
     # a lagged policy, or engine/trainer numerics): weight min(pi_old / pi_rollout, cap).
     # None disables it.

@@ -1,8 +1,12 @@
-"""Shared output of the benchmarks: the Markdown table docs/benchmarks.md shows."""
+"""Shared output of the benchmarks: the Markdown table docs/benchmarks.md shows and the
+same table on the terminal."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
 
 
 def markdown_table(rows: list[dict], columns: Sequence[str]) -> str:
@@ -11,3 +15,12 @@ def markdown_table(rows: list[dict], columns: Sequence[str]) -> str:
     for r in rows:
         lines.append("| " + " | ".join("" if r.get(c) is None else str(r[c]) for c in columns) + " |")
     return "\n".join(lines)
+
+
+def print_table(rows: list[dict], columns: Sequence[str], title: str, console: Console) -> None:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*("" if r.get(c) is None else str(r[c]) for c in columns))
+    console.print(table)

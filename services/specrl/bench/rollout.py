@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from specrl.bench.report import markdown_table
+from specrl.bench.report import markdown_table, print_table
 from specrl.config import RolloutServerConfig
 from specrl.launcher import ServiceProcess
 from specrl.rollout.client import RolloutClient
@@ -192,7 +191,7 @@ def run_rollout_bench(
                     f"(vs first AR run: {tps / ar_tps[c]:.2f}x)"
                 )
         _write(out, rows, concurrency, costs)
-    _print_table(rows, console)
+    print_table(rows, TABLE_COLUMNS, "rollout benchmark", console)
     return rows
 
 
@@ -260,12 +259,3 @@ TABLE_COLUMNS = (
     "speedup_vs_ar",
     "ms_per_engine_step",
 )
-
-
-def _print_table(rows: list[dict], console: Console) -> None:
-    table = Table(title="rollout benchmark")
-    for col in TABLE_COLUMNS:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*(str(r[c]) for c in TABLE_COLUMNS))
-    console.print(table)

@@ -23,9 +23,8 @@ from pathlib import Path
 
 import yaml
 from rich.console import Console
-from rich.table import Table
 
-from specrl.bench.report import markdown_table
+from specrl.bench.report import markdown_table, print_table
 from specrl.config import RunConfig
 from specrl.orchestrator.report import BREAKDOWN, summary
 from specrl.orchestrator.run import run
@@ -61,14 +60,32 @@ def run_step_bench(out: Path, *, steps: int, config: Path | None, console: Conso
             s = summary(result.records)
             rows.append({"config": label, **_row(s)})
     by = {r["config"]: r for r in rows}
+    for r, records in zip(rows, runs.values()):
+        r["reward_p_vs_ar"] = round(_same_reward_p(records, runs["ar"]), 4)
     for r in rows:
         r["gen_speedup_vs_ar"] = round(by["ar"]["gen_s"] / r["gen_s"], 3)
         r["step_speedup_vs_ar"] = round(by["ar"]["step_s"] / r["step_s"], 3)
         # async's goal: exposed generation < 10% of the same job's synchronous gen time
         r["exposed_gen_vs_sync_gen"] = round(r["exposed_gen_s"] / by["eagle3"]["gen_s"], 3)
     _write(out, rows, runs, steps=steps, config=config or EXAMPLE)
-    _print(rows, console)
+    print_table(rows, TABLE_COLUMNS, "RL step benchmark (means per step)", console)
     return rows
+
+
+def _same_reward_p(a: list[dict], b: list[dict]) -> float:
+    """Two-sided p-value of a two-proportion z-test that two runs' (0/1) rewards have the
+    same mean. Lossless speculation leaves the rollout distribution, hence the reward
+    trajectory's distribution, unchanged; the runs' policies drift apart only through
+    their different samples, a variance this test ignores (small at these learning
+    rates), so a low p is a reason to look, not a proof of bias."""
+    from scipy.stats import norm
+
+    n1, n2 = sum(r["samples"] for r in a), sum(r["samples"] for r in b)
+    k1 = sum(r["reward_mean"] * r["samples"] for r in a)
+    k2 = sum(r["reward_mean"] * r["samples"] for r in b)
+    pooled = (k1 + k2) / (n1 + n2)
+    se = (pooled * (1 - pooled) * (1 / n1 + 1 / n2)) ** 0.5
+    return 1.0 if se == 0 else float(2 * norm.sf(abs(k1 / n1 - k2 / n2) / se))
 
 
 def _row(s: dict) -> dict:
@@ -78,6 +95,8 @@ def _row(s: dict) -> dict:
         "acceptance_length": round(s["acceptance_length"], 3),
         "reward_first": round(s["reward_first"], 3),
         "reward_last": round(s["reward_last"], 3),
+        "reward_mean": round(s["reward_mean"], 4),
+        "mismatch_max_abs": s["mismatch_max_abs"],
         "max_lag": s["max_lag"],
         "step_s": round(t["step"], 3),
         "gen_s": round(t["gen"], 3),
@@ -90,6 +109,7 @@ def _row(s: dict) -> dict:
 TABLE_COLUMNS = (
     "config", "acceptance_length", "step_s", "gen_s", "exposed_gen_s", "logprob_s", "train_s",
     "prepare_s", "other_s", "gen_share", "gen_speedup_vs_ar", "step_speedup_vs_ar", "overhead_share",
+    "reward_mean", "reward_p_vs_ar", "mismatch_max_abs",
 )  # fmt: skip
 
 
@@ -133,12 +153,3 @@ def _plot(path: Path, rows: list[dict]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _print(rows: list[dict], console: Console) -> None:
-    table = Table(title="RL step benchmark (means per step)")
-    for col in TABLE_COLUMNS:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*(str(r[c]) for c in TABLE_COLUMNS))
-    console.print(table)

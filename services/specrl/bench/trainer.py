@@ -25,9 +25,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 from rich.console import Console
-from rich.table import Table
 
-from specrl.bench.report import markdown_table
+from specrl.bench.report import markdown_table, print_table
 from specrl.config import TrainerConfig, resolve_model_path
 from specrl.launcher import free_port
 from specrl.trainer.batch import Rollout
@@ -252,7 +251,7 @@ def run_trainer_bench(
     for r in rows:
         r["speedup_vs_trl"] = round(trl / r["step_seconds"], 3)
     _write(out, rows, prompts=prompts, steps=steps, micro=micro)
-    _print_table(rows, console)
+    print_table(rows, TABLE_COLUMNS, "trainer benchmark (median step)", console)
     return rows
 
 
@@ -311,12 +310,3 @@ def _plot(path: Path, rows: list[dict]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _print_table(rows: list[dict], console: Console) -> None:
-    table = Table(title="trainer benchmark (median step)")
-    for col in TABLE_COLUMNS:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*(str(r[c]) for c in TABLE_COLUMNS))
-    console.print(table)

@@ -21,8 +21,11 @@ def summary(records: list[dict]) -> dict:
     """Means over the steps after the first (which warms engines and caches up)."""
     rest = records[1:] or records
     mean = {k: statistics.fmean(r["time"][k] for r in rest) for k in (*BREAKDOWN, "gen", "step")}
+    mismatch = [r["mismatch_max_abs"] for r in records if r["mismatch_max_abs"] is not None]
     return {
         "steps": len(records),
+        "mismatch_max_abs": max(mismatch, default=None),
+        "reward_mean": statistics.fmean(r["reward_mean"] for r in records),
         "reward_first": records[0]["reward_mean"],
         "reward_last": statistics.fmean(r["reward_mean"] for r in records[-3:]),
         "acceptance_length": statistics.fmean(r["acceptance_length"] for r in rest),

@@ -161,8 +161,10 @@ class Policy:
     # -- training -----------------------------------------------------------------
 
     def train_step(self, batch: TrainBatch, group_size: int) -> StepMetrics:
-        """One GRPO optimizer step on the global batch (groups of `group_size`
-        consecutive samples)."""
+        """One GRPO step on the global batch (groups of `group_size` consecutive
+        samples): the behaviour policy's logprobs once, then `grpo.epochs` optimizer
+        steps over the whole batch against them (clipped, PPO style). The policy version
+        advances by one. Metrics are those of the last epoch."""
         t0 = time.perf_counter()
         version = self.step_count  # the policy the batch's old logprobs come from
         batch = batch.to(self.device)
@@ -172,8 +174,40 @@ class Policy:
         g = self.cfg.grpo
         advantages = group_advantages(batch.rewards, group_size, normalize_std=g.normalize_std)
         total_tokens = batch.mask.sum()
-        local, rows = self._local(batch)
         self.model.train()
+        for _ in range(g.epochs):
+            sums, grad_norm = self._update(batch, old, ref, advantages, total_tokens)
+        self.step_count += 1
+        t2 = time.perf_counter()
+        totals = self._sum_over_dp(sums)
+        n = total_tokens.item()
+        return StepMetrics(
+            loss=totals["loss"] / n,
+            pg_loss=totals["pg"] / n,
+            kl=totals["kl"] / n,
+            clip_fraction=totals["clipped"] / n,
+            entropy=totals["entropy"] / n,
+            grad_norm=grad_norm,
+            is_weight=totals["is_weight"] / n,
+            tokens=int(n),
+            logprob_seconds=t1 - t0,
+            train_seconds=t2 - t1,
+            advantages_nonzero=(advantages != 0).float().mean().item(),
+            mismatch=mismatch(old, batch.rollout_logprobs, batch.mask_of_version(version)),
+        )
+
+    def _update(
+        self,
+        batch: TrainBatch,
+        old: torch.Tensor,
+        ref: torch.Tensor | None,
+        advantages: torch.Tensor,
+        total_tokens: torch.Tensor,
+    ) -> tuple[dict[str, float], float]:
+        """One optimizer step over this rank's share of the batch, in micro-batches;
+        returns this rank's sums of the loss parts and the global gradient norm."""
+        g = self.cfg.grpo
+        local, rows = self._local(batch)
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"pg": 0.0, "kl": 0.0, "clipped": 0.0, "is_weight": 0.0, "entropy": 0.0, "loss": 0.0}
         for s in self._micro(local.size):
@@ -201,24 +235,7 @@ class Policy:
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
         self.optimizer.step()
-        self.step_count += 1
-        t2 = time.perf_counter()
-        totals = self._sum_over_dp(sums)
-        n = total_tokens.item()
-        return StepMetrics(
-            loss=totals["loss"] / n,
-            pg_loss=totals["pg"] / n,
-            kl=totals["kl"] / n,
-            clip_fraction=totals["clipped"] / n,
-            entropy=totals["entropy"] / n,
-            grad_norm=grad_norm,
-            is_weight=totals["is_weight"] / n,
-            tokens=int(n),
-            logprob_seconds=t1 - t0,
-            train_seconds=t2 - t1,
-            advantages_nonzero=(advantages != 0).float().mean().item(),
-            mismatch=mismatch(old, batch.rollout_logprobs, batch.mask_of_version(version)),
-        )
+        return sums, grad_norm
 
     def learning_rate(self) -> float:
         """This step's learning rate: a function of the step count alone, so a resumed
