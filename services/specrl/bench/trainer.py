@@ -282,6 +282,8 @@ def _write(out: Path, rows: list[dict], *, prompts: int, steps: int, micro: int)
         "micro_batch": micro,
         "steps": steps,
         "what": "median wall time of one GRPO optimizer step after a warm-up step; same fixed batch",
+        "work": "specrl's step includes an old-policy logprob pass (its logprob column); TRL's "
+        "(num_iterations=1, beta=0) reuses the training forward's logprobs and has no such pass",
     }
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown_table(rows, TABLE_COLUMNS) + "\n")
