@@ -14,7 +14,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import yaml
@@ -23,6 +25,27 @@ from pydantic import BaseModel
 
 class ServerDied(RuntimeError):
     pass
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """The `preexec_fn` of every child specrl starts (services, Redis): the kernel sends
+    the child SIGTERM when the thread that started it dies, even by SIGKILL, so a killed
+    `specrl run` leaves no engines, trainers or Redis servers running. Linux only (None
+    elsewhere). Resolved here, not in the child: a forked child must not import."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return hook
+
+
+die_with_parent = _parent_death_signal()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -69,7 +92,9 @@ class ServiceProcess:
             raise RuntimeError("server exports no metrics (metrics_port unset)")
         return int(m.group(1))
 
-    def start(self) -> ServiceProcess:
+    def start(self, *, wait: bool = True) -> ServiceProcess:
+        """Fork the service (from the calling thread: the child dies with that thread,
+        `die_with_parent`); `wait=False` returns before it is ready."""
         cfg_path = self._dir / f"{self.service}.yaml"
         cfg_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json")))
         ready = self._dir / "port"
@@ -91,8 +116,9 @@ class ServiceProcess:
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
-        if self.wait_ready:
+        if wait and self.wait_ready:
             self.wait()
         return self
 
@@ -140,3 +166,28 @@ class ServiceProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def start_all(procs: Sequence[ServiceProcess]) -> None:
+    """Start services side by side: all are forked from this thread (a child dies with
+    the thread that forked it), then the ones that serve are waited for in parallel. On
+    any failure every one is stopped and the error lists each failure."""
+    for p in procs:
+        p.start(wait=False)
+    errors: list[BaseException] = []
+
+    def wait(p: ServiceProcess) -> None:
+        try:
+            p.wait()
+        except BaseException as e:  # reported below with every other failure
+            errors.append(e)
+
+    waiters = [threading.Thread(target=wait, args=(p,)) for p in procs if p.wait_ready]
+    for w in waiters:
+        w.start()
+    for w in waiters:
+        w.join()
+    if errors:
+        for p in procs:
+            p.stop()
+        raise ServerDied("\n\n".join(str(e) for e in errors))

@@ -127,3 +127,41 @@ def test_a_stale_group_is_retired_and_its_prompt_admitted_again_atomically(redis
     assert streams.trained_already(["0-0", "0-0.r1"]) == [True, False]
     taken = streams.next_prompt("gen-0", block_ms=50)
     assert taken is not None and taken.group == again
+
+
+def test_a_redis_server_dies_with_the_process_that_started_it(tmp_path):
+    """`specrl run` killed by SIGKILL must not leave its Redis (or engines, trainers:
+    same `die_with_parent` hook) running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time\n"
+        "from specrl.queue.redis_server import RedisServer\n"
+        f"s = RedisServer({str(tmp_path / 'r')!r}).start()\n"
+        "print(s.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    redis_pid = int(parent.stdout.readline())
+    assert _alive(redis_pid)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not _alive(redis_pid):
+            return
+        time.sleep(0.1)
+    os.kill(redis_pid, signal.SIGKILL)
+    pytest.fail("redis-server outlived the process that started it")
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -92,3 +92,23 @@ def test_checkpoint_resume_reproduces_the_next_step_exactly(model_dir, tmp_path)
 def test_load_refuses_a_directory_that_is_not_a_checkpoint(model_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="not a specrl trainer checkpoint"):
         checkpoint.load(Policy(_config(model_dir)), tmp_path)
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint_loadable(model_dir, tmp_path):
+    a = Policy(_config(model_dir))
+    a.train_step(collate(tiny_rollouts(seed=1), 64), group_size=4)
+    ckpt = tmp_path / "ckpt"
+    checkpoint.save(a, ckpt)
+    a.train_step(collate(tiny_rollouts(seed=2), 64), group_size=4)
+    checkpoint.save(a, ckpt)  # replaces the first: step 2
+    assert not ckpt.with_name("ckpt.partial").exists() and not ckpt.with_name("ckpt.old").exists()
+
+    # killed while writing: a partial directory without meta.json is ignored
+    (ckpt.with_name("ckpt.partial") / "state").mkdir(parents=True)
+    assert checkpoint.load(Policy(_config(model_dir)), ckpt)["step"] == 2
+    # killed between the two renames: the previous checkpoint is found beside
+    ckpt.rename(ckpt.with_name("ckpt.old"))
+    assert checkpoint.load(Policy(_config(model_dir)), ckpt)["step"] == 2
+    # and the next save cleans both up
+    checkpoint.save(a, ckpt)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -20,7 +19,7 @@ from grpc_health.v1 import health_pb2
 from safetensors.torch import load_file
 
 from specrl.config import RolloutServerConfig, WeightSenderConfig, resolve_model_path
-from specrl.launcher import ServiceProcess
+from specrl.launcher import ServiceProcess, start_all
 from specrl.rollout.client import RolloutClient
 from specrl.v1 import rollout_pb2 as pb
 from specrl.weightsync.manifest import plan
@@ -119,13 +118,7 @@ def system(servers):
 
     servers.close()  # free the shared pool's CPU for these two engines
     procs = [ServiceProcess(_config(0)), ServiceProcess(_config(1, await_kinds=["policy"]))]
-    threads = [threading.Thread(target=p.start) for p in procs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for p in procs:
-        assert p.port is not None, p.log_tail()
+    start_all(procs)
     sender_cfg = {"timeout_s": TIMEOUT_S, "rpc_timeout_s": 30.0, "bucket_mb": 1.0}
     policy = WeightSender(WeightSenderConfig(kind="policy", **sender_cfg))
     draft = WeightSender(WeightSenderConfig(kind="draft", **sender_cfg), eagle3_draft=True)

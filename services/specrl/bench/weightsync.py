@@ -18,7 +18,6 @@ import platform
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specrl.config import RolloutServerConfig, WeightSenderConfig, resolve_model_path
-from specrl.launcher import ServiceProcess
+from specrl.launcher import ServiceProcess, start_all
 from specrl.weightsync.sender import WeightSender
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 1024, 3072, 16, 8, 64
@@ -124,26 +123,6 @@ def raw_broadcast_seconds(buckets: list[int], receivers: int, repeats: int) -> l
     return times
 
 
-def _start_all(procs: list[ServiceProcess]) -> None:
-    errors: list[BaseException] = []
-
-    def start(p: ServiceProcess) -> None:
-        try:
-            p.start()
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=start, args=(p,)) for p in procs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        for p in procs:
-            p.stop()
-        raise errors[0]
-
-
 def run_weightsync_bench(
     out: Path, *, sizes: list[str], repeats: int, bucket_mb: float, console: Console
 ) -> list[dict]:
@@ -158,7 +137,7 @@ def run_weightsync_bench(
 
             model = AutoModelForCausalLM.from_pretrained(str(work / "model"), dtype=torch.float32)
             servers = [ServiceProcess(_server_config(work / "model", i)) for i in range(2)]
-            _start_all(servers)
+            start_all(servers)
             sender = WeightSender(WeightSenderConfig(kind="policy", bucket_mb=bucket_mb, timeout_s=600))
             version = 0
             try:

@@ -29,7 +29,7 @@ log = logging.getLogger("specrl.run")
 # What a run writes into its directory: all that --fresh removes (never anything else
 # that may live in a user-chosen output_dir).
 RUN_FILES = ("config.json", "steps.jsonl", "summary.json", "report.md", "report.png")
-RUN_DIRS = ("checkpoint", "logs", "redis")
+RUN_DIRS = ("checkpoint", "checkpoint.partial", "checkpoint.old", "logs", "redis")
 
 
 class RunExists(RuntimeError):

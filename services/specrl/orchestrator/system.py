@@ -6,14 +6,13 @@ stops the others and reports its log tail."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specrl.config import RunConfig
-from specrl.launcher import ServiceProcess, free_port
+from specrl.launcher import ServerDied, ServiceProcess, free_port, start_all
 from specrl.queue.redis_server import RedisServer
 
 
@@ -79,27 +78,13 @@ class System:
                         service="trainer",
                         env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)} if world > 1 else {},
                         log_path=self.logs / f"trainer-{rank}.log",
-                        wait_ready=False,
+                        wait_ready=rank == 0,  # the other ranks serve nothing themselves
                     )
                 )
-        for p in [*self.rollout, *self.trainer]:
-            p.wait_ready = False
-            p.start()
-        errors: list[BaseException] = []
-
-        def wait(p: ServiceProcess) -> None:
-            try:
-                p.wait()
-            except BaseException as e:  # reported below with every other failure
-                errors.append(e)
-
-        waiters = [threading.Thread(target=wait, args=(p,)) for p in [*self.rollout, *self.trainer[:1]]]
-        for w in waiters:
-            w.start()
-        for w in waiters:
-            w.join()
-        if errors:
-            raise StartupError("\n\n".join(str(e) for e in errors))
+        try:
+            start_all([*self.rollout, *self.trainer])
+        except ServerDied as e:
+            raise StartupError(str(e)) from None
         self.replicas += [p.address for p in self.rollout]
         if self.trainer:
             self.trainer_address = self.trainer[0].address

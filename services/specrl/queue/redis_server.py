@@ -3,7 +3,7 @@
 Bound to loopback on a free port, tracked by pid, stopped with SHUTDOWN (then SIGTERM,
 SIGKILL). With `aof=True` every write is appended to a file in `data_dir` and replayed
 when a server is started again on the same directory, which is how a run survives a
-Redis restart.
+Redis restart. The server dies with the process that started it (`die_with_parent`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from specrl.launcher import free_port
+from specrl.launcher import die_with_parent, free_port
 
 
 class RedisUnavailable(RuntimeError):
@@ -53,7 +53,9 @@ class RedisServer:
             "--protected-mode", "yes",
         ]  # fmt: skip
         log = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 (owned by the child)
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent
+        )
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout
         while True:

@@ -7,7 +7,9 @@ Layout of a checkpoint directory:
   state/       DCP shards of {"model", "optim"}
   hf/          model.safetensors, config.json, tokenizer files (rank 0)
   rng-R.pt     each rank's torch RNG (and capture sampler) state
-  meta.json    step, policy version, trainer config
+  meta.json    step, policy version, trainer config (written last)
+
+A save never overwrites a checkpoint in place (see `save`).
 """
 
 from __future__ import annotations
@@ -30,27 +32,55 @@ def _rank() -> int:
 
 
 def save(policy: Policy, directory: str | Path, *, policy_version: int | None = None) -> Path:
-    """Collective: every rank calls it. Returns the directory."""
+    """Collective: every rank calls it. Returns the directory. The checkpoint is written
+    beside it (DIR.partial) and renamed into place, so a process killed during a save
+    leaves the previous checkpoint loadable."""
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    if _rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # what a killed save left behind
+        partial.mkdir(parents=True)
+    _barrier()
     model_sd, optim_sd = get_state_dict(policy.model, policy.optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(out / "state"))
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial / "state"))
     full = policy.full_state(keep=_rank() == 0)  # collective gather of sharded parameters
     rng = {"torch": torch.get_rng_state()}
     if policy.capturer is not None:
         rng["capture"] = policy.capturer.generator_state()
-    torch.save(rng, out / f"rng-{_rank()}.pt")
+    torch.save(rng, partial / f"rng-{_rank()}.pt")
     if _rank() == 0:
-        _export_hf(policy, full, out / "hf")
+        _export_hf(policy, full, partial / "hf")
         meta = {
             "step": policy.step_count,
             "policy_version": policy.step_count if policy_version is None else policy_version,
             "config": policy.cfg.model_dump(mode="json"),
         }
-        (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        (partial / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")  # written last
+    _barrier()
+    if _rank() == 0:
+        _replace(partial, out)
+    _barrier()
+    return out
+
+
+def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-    return out
+
+
+def _previous(out: Path) -> Path:
+    return out.with_name(out.name + ".old")
+
+
+def _replace(new: Path, out: Path) -> None:
+    """Swap a complete checkpoint into place: two renames, with the previous one kept as
+    DIR.old in between (a kill there leaves it for `load`)."""
+    old = _previous(out)
+    if out.exists():  # else DIR.old may be the only complete checkpoint: kept until now
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+    new.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _export_hf(policy: Policy, state: dict[str, torch.Tensor], hf: Path) -> None:
@@ -75,9 +105,11 @@ def load(policy: Policy, directory: str | Path) -> dict:
     """Collective: restore a checkpoint saved by `save` into a policy built with the same
     configuration (any parallel layout). Returns its meta."""
     src = Path(directory)
+    if not (src / "meta.json").exists() and (_previous(src) / "meta.json").exists():
+        src = _previous(src)  # a save was killed between its two renames
     meta_path = src / "meta.json"
     if not meta_path.exists():
-        raise FileNotFoundError(f"{src} is not a specrl trainer checkpoint (no meta.json)")
+        raise FileNotFoundError(f"{directory} is not a specrl trainer checkpoint (no meta.json)")
     meta = json.loads(meta_path.read_text())
     model_sd, optim_sd = get_state_dict(policy.model, policy.optimizer)
     state = {"model": model_sd, "optim": optim_sd}
