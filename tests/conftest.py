@@ -90,3 +90,32 @@ def tiny_rollouts(n: int = 8, seed: int = 1) -> list:
         lp = (-torch.rand(len(c), generator=g) * 3).tolist()
         out.append(Rollout(p, c, reward=float(i % 3 == 0), rollout_logprobs=lp))
     return out
+
+
+def tiny_run_config(tmp_path, **orchestrator) -> dict:
+    """A small `specrl run` config on the zoo: one EAGLE-3 replica, one trainer rank."""
+    return {
+        "name": "t",
+        "output_dir": str(tmp_path / "{name}"),
+        "data": {"prompts_per_step": 4, "task_max_terms": 2},
+        "sampling": {"n": 4, "max_tokens": 32},
+        "orchestrator": {"concurrency": 4, **orchestrator},
+        "rollout": {
+            "server": {
+                "port": 0,
+                "engine": {
+                    "model": "zoo:target",
+                    "dtype": "float32",
+                    "max_model_len": 128,
+                    "kv_cache_gib": 0.25,
+                },
+                "speculation": {
+                    "method": "eagle3",
+                    "num_speculative_tokens": 3,
+                    "draft": "zoo:eagle3-domain",
+                },
+                "self_test": {"enabled": False},
+            }
+        },
+        "trainer": {"server": {"port": 0, "trainer": {"micro_batch_size": 16, "optim": {"lr": 1e-4}}}},
+    }

@@ -128,6 +128,9 @@ def run_command(
     config: Path = typer.Option(..., "--config", "-c", help="RunConfig YAML (examples/tiny-rl-zero.yaml)."),
     set_: list[str] = typer.Option([], "--set", help="Override a config field: --set orchestrator.steps=5."),
     fresh: bool = typer.Option(False, help="Replace a previous run in the same run directory."),
+    resume: bool = typer.Option(
+        False, help="Continue the run in the run directory from its last checkpoint (after a crash or kill)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run RL end to end: Redis, rollout replicas, trainer and the orchestrator's loop."""
@@ -137,12 +140,12 @@ def run_command(
         _fail(str(e))
     _logging(verbose)
     from specrl.orchestrator.data import DataError
-    from specrl.orchestrator.run import RunExists, run
+    from specrl.orchestrator.run import RunExists, RunInterrupted, run
     from specrl.orchestrator.system import StartupError
 
     try:
-        run(cfg, console=console, fresh=fresh)
-    except (RunExists, DataError, StartupError, ValueError) as e:
+        run(cfg, console=console, fresh=fresh, resume=resume)
+    except (RunExists, RunInterrupted, DataError, StartupError, ValueError) as e:
         _fail(str(e))
 
 

@@ -228,6 +228,9 @@ class TrainerServerConfig(StrictModel):
     trainer: TrainerConfig = TrainerConfig()
     # How rank 0 publishes the policy to the rollout servers (PushWeights).
     weight_sync: WeightSenderConfig = WeightSenderConfig()
+    # A checkpoint directory (SaveCheckpoint's) to start from: weights, optimizer, RNG
+    # and policy version, in any parallel layout.
+    resume: str | None = None
 
     @model_validator(mode="after")
     def _policy_sender(self) -> TrainerServerConfig:
@@ -340,8 +343,9 @@ class OrchestratorConfig(StrictModel):
     reclaim_idle_s: float = Field(300.0, gt=0)
     # Fail the run when no rollout arrives for this long (every replica down, say).
     stall_timeout_s: float = Field(1800.0, gt=0)
-    # Save a trainer checkpoint every this many steps (0: only at the end).
-    checkpoint_every: int = Field(0, ge=0)
+    # Save a trainer checkpoint every this many steps (0: only at the end). A resumed
+    # run restarts from the last one; the steps since are kept in Redis to train again.
+    checkpoint_every: int = Field(10, ge=0)
     metrics_port: int | None = Field(None, ge=0, le=65535)
 
     @model_validator(mode="after")

@@ -21,6 +21,8 @@ from specrl.orchestrator.run import run
 from specrl.orchestrator.system import System
 from specrl.trainer.client import TrainerClient
 
+from conftest import tiny_run_config
+
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(1200)]
 
 # Orchestrator overhead per step (bookkeeping, Redis, gRPC around TrainStep), seconds:
@@ -31,39 +33,11 @@ OVERHEAD_S = 1.0
 MISMATCH = 1e-2
 
 
-def _base(tmp_path, **orchestrator) -> dict:
-    return {
-        "name": "t",
-        "output_dir": str(tmp_path / "{name}"),
-        "data": {"prompts_per_step": 4, "task_max_terms": 2},
-        "sampling": {"n": 4, "max_tokens": 32},
-        "orchestrator": {"concurrency": 4, **orchestrator},
-        "rollout": {
-            "server": {
-                "port": 0,
-                "engine": {
-                    "model": "zoo:target",
-                    "dtype": "float32",
-                    "max_model_len": 128,
-                    "kv_cache_gib": 0.25,
-                },
-                "speculation": {
-                    "method": "eagle3",
-                    "num_speculative_tokens": 3,
-                    "draft": "zoo:eagle3-domain",
-                },
-                "self_test": {"enabled": False},
-            }
-        },
-        "trainer": {"server": {"port": 0, "trainer": {"micro_batch_size": 16, "optim": {"lr": 1e-4}}}},
-    }
-
-
 @pytest.fixture(scope="module")
 def services(zoo, servers, tmp_path_factory):
     servers.close()  # two cores: no other engine while these run
     tmp = tmp_path_factory.mktemp("services")
-    system = System(RunConfig.model_validate(_base(tmp)), tmp / "system").start()
+    system = System(RunConfig.model_validate(tiny_run_config(tmp)), tmp / "system").start()
     yield system
     system.stop()
 
@@ -71,7 +45,7 @@ def services(zoo, servers, tmp_path_factory):
 def _run(services: System, tmp_path, name: str, steps_more: int, **orchestrator):
     with TrainerClient(services.trainer_address) as t:
         start = t.status().step
-    cfg = _base(tmp_path, steps=start + steps_more, **orchestrator)
+    cfg = tiny_run_config(tmp_path, steps=start + steps_more, **orchestrator)
     cfg["name"] = name
     cfg["redis"] = {"url": services.redis_url}
     cfg["rollout"] = {"replicas": 0, "addresses": services.replicas, "server": cfg["rollout"]["server"]}

@@ -97,3 +97,27 @@ def test_task_prompts_are_the_zoo_task():
     item = source.next()
     assert item.prompt.startswith("Q: ") and item.prompt.endswith("=?\nA:")
     assert int(item.answer) == eval(item.prompt[3:-5])
+
+
+def test_resume_refuses_what_it_cannot_continue_before_anything_starts(tmp_path):
+    from rich.console import Console
+
+    from specrl.orchestrator.run import RunExists, _check_resumable, run
+
+    cfg = RunConfig.model_validate({"output_dir": str(tmp_path / "{name}")})
+    quiet = Console(quiet=True)
+    with pytest.raises(ValueError, match="exclude each other"):
+        run(cfg, console=quiet, fresh=True, resume=True)
+    with pytest.raises(RunExists, match="no run to resume"):
+        run(cfg, console=quiet, resume=True)
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / "config.json").write_text(cfg.model_dump_json())
+    _check_resumable(
+        cfg.model_copy(update={"orchestrator": cfg.orchestrator.model_copy(update={"steps": 99})}),
+        cfg.run_dir,
+    )  # more steps: the same run, continued further
+    with pytest.raises(RunExists, match=r"config differs from the run's \(seed\)"):
+        run(cfg.model_copy(update={"seed": 7}), console=quiet, resume=True)
+    no_aof = cfg.model_copy(update={"redis": cfg.redis.model_copy(update={"aof": False})})
+    with pytest.raises(RunExists, match=r"redis\.aof is off"):
+        run(no_aof, console=quiet, resume=True)

@@ -10,18 +10,21 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specrl.config import ZOO_SCHEME, RunConfig
 from specrl.metrics import OrchestratorMetrics
 from specrl.orchestrator.data import PromptSource
-from specrl.orchestrator.loop import Orchestrator
+from specrl.orchestrator.loop import GenerationStalled, Orchestrator
 from specrl.orchestrator.report import write_report
 from specrl.orchestrator.rewards import load_reward
-from specrl.orchestrator.system import System
+from specrl.orchestrator.system import ServiceDied, System
 from specrl.queue.streams import RunStreams
 from specrl.rollout.client import RolloutClient
+from specrl.trainer import checkpoint
 from specrl.trainer.client import TrainerClient
 
 log = logging.getLogger("specrl.run")
@@ -34,6 +37,10 @@ RUN_DIRS = ("checkpoint", "checkpoint.partial", "checkpoint.old", "logs", "redis
 
 class RunExists(RuntimeError):
     pass
+
+
+class RunInterrupted(RuntimeError):
+    """A service failed mid-run; the run's state is kept for `--resume`."""
 
 
 @dataclass
@@ -61,11 +68,45 @@ def _clean(run_dir: Path) -> None:
         shutil.rmtree(run_dir / name, ignore_errors=True)
 
 
-def run(cfg: RunConfig, *, console: Console, fresh: bool = False, metrics: bool = True) -> RunResult:
+def _check_resumable(cfg: RunConfig, run_dir: Path) -> None:
+    """A resumed run must be the same run: same config (more steps allowed), and its
+    Redis state must have survived (an append-only file, or a Redis server elsewhere)."""
+    if not (run_dir / "config.json").exists():
+        raise RunExists(f"{run_dir} holds no run to resume")
+    if not cfg.redis.url and not cfg.redis.aof:
+        raise RunExists("--resume needs the run's Redis data: redis.aof is off, so none was kept")
+    saved = json.loads((run_dir / "config.json").read_text())
+    now = json.loads(cfg.model_dump_json())
+    for c in (saved, now):
+        c["orchestrator"].pop("steps")
+    if saved != now:
+        changed = sorted(k for k in now.keys() | saved.keys() if now.get(k) != saved.get(k))
+        raise RunExists(
+            f"--resume: the config differs from the run's ({', '.join(changed)}); only steps may change"
+        )
+
+
+def run(
+    cfg: RunConfig,
+    *,
+    console: Console,
+    fresh: bool = False,
+    resume: bool = False,
+    metrics: bool = True,
+) -> RunResult:
+    """Start the services and run the loop; `resume` continues the run in the run
+    directory from its last checkpoint (docs/orchestrator.md, Resume)."""
+    if fresh and resume:
+        raise ValueError("--fresh and --resume exclude each other")
     run_dir = cfg.run_dir
-    if (run_dir / "steps.jsonl").exists():
+    if resume:
+        _check_resumable(cfg, run_dir)
+    elif (run_dir / "steps.jsonl").exists():
         if not fresh:
-            raise RunExists(f"{run_dir} holds a run already: --fresh replaces it, or choose another name")
+            raise RunExists(
+                f"{run_dir} holds a run already: --resume continues it, --fresh replaces it, "
+                "or choose another name"
+            )
         _clean(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
@@ -80,14 +121,21 @@ def run(cfg: RunConfig, *, console: Console, fresh: bool = False, metrics: bool 
         from specrl.zoo.build import build_zoo
 
         build_zoo(console=console)  # cached after the first time (minutes)
+    start_from = checkpoint.find(run_dir / "checkpoint") if resume else None
     with console.status("starting services (Redis, rollout replicas, trainer)"):
-        system = System(cfg, run_dir).start()
+        system = System(cfg, run_dir, resume_from=start_from).start()
     try:
         console.print(
             f"[green]services up[/green]: rollout {system.replicas}, trainer {system.trainer_address}, "
             f"redis {system.redis_url}"
         )
-        return _loop(cfg, system, run_dir, console, registry, fresh=fresh)
+        return _loop(cfg, system, run_dir, console, registry, fresh=fresh, resume=resume)
+    except (grpc.RpcError, redis.exceptions.ConnectionError, GenerationStalled, ServiceDied) as e:
+        what = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.RpcError) else str(e)
+        raise RunInterrupted(
+            f"the run stopped: {what}. Its state is kept; `specrl run --resume` continues it from "
+            f"the last checkpoint (logs in {run_dir / 'logs'})"
+        ) from e
     finally:
         with console.status("stopping services"):
             system.stop()
@@ -101,18 +149,29 @@ def _loop(
     registry: OrchestratorMetrics | None,
     *,
     fresh: bool,
+    resume: bool,
 ) -> RunResult:
     from transformers import AutoTokenizer
 
     streams = RunStreams.connect(system.redis_url, cfg.name, reclaim_idle_s=cfg.orchestrator.reclaim_idle_s)
-    if streams.exists() and not fresh:
-        raise RunExists(f"redis {system.redis_url} holds a run named {cfg.name!r}: --fresh replaces it")
-    streams.clear()  # a fresh run (resuming a run is not supported yet)
     with RolloutClient(system.replicas[0]) as c:
         max_model_len = c.status().max_model_len  # the served context, wherever the replica runs
     with TrainerClient(system.trainer_address) as t:
-        tok = AutoTokenizer.from_pretrained(t.status().model)
-    source = PromptSource(cfg.data, tok, max_prompt_tokens=max_model_len - cfg.sampling.max_tokens)
+        status = t.status()
+    tok = AutoTokenizer.from_pretrained(status.model)
+    earlier: list[dict] = []
+    if resume:
+        earlier = _roll_back(streams, status.step, run_dir / "steps.jsonl", console)
+    elif streams.exists() and not fresh:
+        raise RunExists(f"redis {system.redis_url} holds a run named {cfg.name!r}: --fresh replaces it")
+    else:
+        streams.clear()
+    source = PromptSource(
+        cfg.data,
+        tok,
+        max_prompt_tokens=max_model_len - cfg.sampling.max_tokens,
+        position=int(streams.get_state().get("data_position", 0)),
+    )
     steps = cfg.orchestrator.steps
     with (
         TrainerClient(system.trainer_address) as trainer,
@@ -141,12 +200,39 @@ def _loop(
             log_path=run_dir / "steps.jsonl",
             on_step=on_step,
             checkpoint_dir=run_dir / "checkpoint",
+            check_alive=system.check_alive,
         )
-        records = orchestrator.run()
-        checkpoint = trainer.save(str((run_dir / "checkpoint").resolve())).path
+        records = earlier + orchestrator.run()
+        saved = orchestrator.checkpoint or str(checkpoint.find(run_dir / "checkpoint"))
     if source.skipped:
         console.print(f"[yellow]skipped dataset rows[/yellow]: {dict(source.skipped)}")
     report = write_report({cfg.name: records}, run_dir / "report", title=f"specrl run: {cfg.name}")
-    (run_dir / "summary.json").write_text(json.dumps({"steps": len(records), "checkpoint": checkpoint}))
-    console.print(f"report: {report}; checkpoint: {checkpoint}")
-    return RunResult(run_dir, records, report, checkpoint)
+    (run_dir / "summary.json").write_text(json.dumps({"steps": len(records), "checkpoint": saved}))
+    console.print(f"report: {report}; checkpoint: {saved}")
+    return RunResult(run_dir, records, report, saved)
+
+
+def _roll_back(streams: RunStreams, version: int, log_path: Path, console: Console) -> list[dict]:
+    """Bring the run's queues and step log back to the trainer's `version` (the step
+    its checkpoint holds); returns the step records kept."""
+    state = streams.get_state()
+    if not state:
+        raise RunExists(f"redis holds no state of this run ({streams.prefix}*): nothing to resume")
+    recorded = int(state.get("version", 0))
+    if version > recorded:
+        raise RunExists(
+            f"the trainer is at version {version} but the run's Redis state at {recorded}: Redis lost "
+            "writes (its data is not the run's), so the run cannot be resumed safely"
+        )
+    counts = streams.resume(version)
+    lines = log_path.read_text().splitlines() if log_path.exists() else []
+    kept = [r for r in map(json.loads, lines) if r["step"] < version]
+    tmp = log_path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(log_path)
+    console.print(
+        f"[green]resumed[/green] at version {version} (Redis had {recorded}): "
+        f"{counts['replayed']} groups to train again, {counts['retired']} from a lost policy generated "
+        f"again, {counts['requeued']} prompts requeued"
+    )
+    return kept

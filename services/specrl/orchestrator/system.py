@@ -20,6 +20,10 @@ class StartupError(RuntimeError):
     """A service could not be started or reached."""
 
 
+class ServiceDied(RuntimeError):
+    """A service started here exited while the run went on."""
+
+
 def check_reachable(address: str, what: str, timeout: float = 10.0) -> None:
     """gRPC health of a service that is supposed to be running already."""
     with grpc.insecure_channel(address) as channel:
@@ -34,8 +38,10 @@ def check_reachable(address: str, what: str, timeout: float = 10.0) -> None:
 
 
 class System:
-    def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, *, resume_from: Path | None = None) -> None:
+        """`resume_from`: a checkpoint the trainer started here loads first."""
         self.cfg = cfg
+        self.resume_from = resume_from
         self.logs = run_dir / "logs"
         self.redis_dir = run_dir / "redis"
         self.redis: RedisServer | None = None
@@ -68,13 +74,16 @@ class System:
                 ServiceProcess(cfg.rollout.server, service="rollout", log_path=self.logs / f"rollout-{i}.log")
             )
         if not cfg.trainer.address:
-            t = cfg.trainer.server.trainer
+            server = cfg.trainer.server
+            if self.resume_from is not None:
+                server = server.model_copy(update={"resume": str(self.resume_from.resolve())})
+            t = server.trainer
             world = t.tp * t.dp
             env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
             for rank in range(world):
                 self.trainer.append(
                     ServiceProcess(
-                        cfg.trainer.server,
+                        server,
                         service="trainer",
                         env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)} if world > 1 else {},
                         log_path=self.logs / f"trainer-{rank}.log",
@@ -88,6 +97,17 @@ class System:
         self.replicas += [p.address for p in self.rollout]
         if self.trainer:
             self.trainer_address = self.trainer[0].address
+
+    def check_alive(self) -> None:
+        """Raise ServiceDied, naming it and its log tail, if a service started here has
+        exited (the run stops with its state kept; `specrl run --resume` continues)."""
+        named = [(f"trainer rank {i}", p.proc, p.log_tail) for i, p in enumerate(self.trainer)]
+        named += [(f"rollout server {p.address}", p.proc, p.log_tail) for p in self.rollout]
+        if self.redis is not None:
+            named.append(("redis", self.redis.proc, self.redis.log_tail))
+        for what, proc, tail in named:
+            if proc is not None and proc.poll() is not None:
+                raise ServiceDied(f"{what} exited with {proc.returncode}; log tail:\n{tail()}")
 
     def stop(self) -> None:
         for p in [*self.trainer, *self.rollout]:

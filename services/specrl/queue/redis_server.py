@@ -49,7 +49,7 @@ class RedisServer:
             "--dir", str(self.data_dir),
             "--save", "",
             "--appendonly", "yes" if self.aof else "no",
-            "--appendfsync", "everysec",
+            "--appendfsync", "always",  # a step acknowledged is a step kept
             "--protected-mode", "yes",
         ]  # fmt: skip
         log = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 (owned by the child)

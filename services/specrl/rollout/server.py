@@ -11,7 +11,7 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from specrl import grpc_options
+from specrl import grpc_options, shutdown
 from specrl.config import RolloutServerConfig
 from specrl.rollout.engines.base import Sampling
 from specrl.rollout.service import NotReady, NotServing, RolloutService, StampedSample
@@ -255,6 +255,7 @@ async def serve(cfg: RolloutServerConfig, *, ready_file: str | None = None) -> i
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("shutting down")
+        shutdown.exit_after()
         await server.stop(grace=5)
     finally:
         engine.shutdown()

@@ -101,16 +101,23 @@ def _export_hf(policy: Policy, state: dict[str, torch.Tensor], hf: Path) -> None
             shutil.copy(source / name, hf / name)
 
 
+def find(directory: str | Path) -> Path | None:
+    """The complete checkpoint saved at `directory`: itself, or DIR.old when a save was
+    killed between its two renames; None when there is none."""
+    src = Path(directory)
+    for candidate in (src, _previous(src)):
+        if (candidate / "meta.json").exists():
+            return candidate
+    return None
+
+
 def load(policy: Policy, directory: str | Path) -> dict:
     """Collective: restore a checkpoint saved by `save` into a policy built with the same
     configuration (any parallel layout). Returns its meta."""
-    src = Path(directory)
-    if not (src / "meta.json").exists() and (_previous(src) / "meta.json").exists():
-        src = _previous(src)  # a save was killed between its two renames
-    meta_path = src / "meta.json"
-    if not meta_path.exists():
+    src = find(directory)
+    if src is None:
         raise FileNotFoundError(f"{directory} is not a specrl trainer checkpoint (no meta.json)")
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads((src / "meta.json").read_text())
     model_sd, optim_sd = get_state_dict(policy.model, policy.optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(src / "state"))

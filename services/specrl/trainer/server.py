@@ -12,8 +12,9 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from specrl import grpc_options
+from specrl import grpc_options, shutdown
 from specrl.config import TrainerServerConfig, resolve_model_path
+from specrl.trainer import checkpoint
 from specrl.trainer.batch import BatchError, Rollout
 from specrl.trainer.policy import Mismatch
 from specrl.trainer.service import TrainerCore, init_distributed, load_batch_file
@@ -127,6 +128,9 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> int:
     core = TrainerCore(
         cfg.trainer, trainer_metrics, weight_sync=cfg.weight_sync, sender_metrics=sender_metrics
     )
+    if cfg.resume:
+        meta = checkpoint.load(core.policy, cfg.resume)  # collective: every rank
+        log.info("rank %d resumed from %s at step %d", rank, cfg.resume, meta["step"])
     if rank != 0:
         core.follow()
         dist.destroy_process_group()
@@ -160,6 +164,7 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     log.info("shutting down")
+    shutdown.exit_after()
     server.stop(grace=5).wait()
     core.stop()
     if dist.is_initialized():

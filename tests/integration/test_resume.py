@@ -1,0 +1,163 @@
+"""Fault tests of `specrl run` with every service a real process. One asynchronous run
+(lag 1, a checkpoint every 2 versions) is hit by four faults in turn, each followed by
+`specrl run --resume`: its trainer killed, its rollout server killed, its Redis killed
+(restarted from the append-only file), and `specrl run` itself killed by SIGKILL (which
+must take every service it started with it).
+
+Checked from the run's own step log after every fault: the steps the checkpoint holds
+stay as they were, a step lost with the trainer (the run may also notice a dead rollout
+server or Redis only after its next checkpoint, then nothing is lost) is trained again
+on the very groups it had; and at the end every step appears once, no prompt group is trained on twice and
+none is lost (each admitted prompt trained on exactly once, under its own id or the id
+it was generated again under)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specrl.trainer import checkpoint
+
+from conftest import tiny_run_config
+
+pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(1500)]
+
+STEPS, PROMPTS, N = 10, 4, 4
+
+
+def _config(tmp_path: Path, **orchestrator) -> Path:
+    cfg = tiny_run_config(tmp_path, steps=STEPS, checkpoint_every=2, **orchestrator)
+    cfg["name"] = "r"
+    cfg["data"]["prompts_per_step"] = PROMPTS
+    cfg["sampling"]["n"] = N
+    cfg["rollout"]["replicas"] = 1
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class SpecrlRun:
+    """`specrl run` as a child process, its terminal output in a file (a pipe nobody
+    reads could fill and stall it)."""
+
+    def __init__(self, config: Path, *flags: str) -> None:
+        self.log = config.parent / f"run-{len(list(config.parent.glob('run-*.out')))}.out"
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "specrl.cli", "run", "--config", str(config), *flags],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    path = run_dir / "steps.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait_for_steps(run: SpecrlRun, run_dir: Path, n: int, timeout: float = 900) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while len(records := _steps(run_dir)) < n:
+        if run.proc.poll() is not None:
+            pytest.fail(f"specrl run exited with {run.proc.returncode} before step {n}:\n{run.output()}")
+        if time.monotonic() > deadline:
+            run.proc.kill()
+            pytest.fail(f"no step {n} after {timeout}s")
+        time.sleep(0.5)
+    return records
+
+
+def _children(pid: int) -> dict[int, str]:
+    """Live direct children of `pid` with their command lines."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[1]) == pid and stat[0] != "Z":
+                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _kill(run: SpecrlRun, victim: str) -> None:
+    """SIGKILL `victim` ("run" or the child whose command line names it); the run must
+    end: by its own error for a service, with every child for the run itself."""
+    children = _children(run.proc.pid)
+    if victim == "run":
+        run.proc.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+        deadline = time.monotonic() + 40
+        while any(_alive(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        survivors = {p: c for p, c in children.items() if _alive(p)}
+        assert not survivors, f"outlived the killed run: {survivors}"
+        return
+    (pid,) = [p for p, c in children.items() if victim in c]
+    os.killpg(pid, signal.SIGKILL)
+    code = run.wait(timeout=300)
+    out = run.output()
+    assert code == 2 and "specrl run --resume" in out, out
+
+
+# (steps logged when the fault strikes, what is killed)
+FAULTS = [(3, "serve trainer"), (5, "serve rollout"), (7, "redis-server"), (9, "run")]
+
+
+def test_a_run_resumes_after_each_process_is_killed_with_nothing_lost_or_trained_twice(
+    zoo, servers, tmp_path
+):
+    servers.close()  # two cores: no other engine while these run
+    config = _config(tmp_path, max_lag=1)
+    run_dir = tmp_path / "r"
+    previous: tuple[list[dict], int] | None = None  # the killed run's log, its checkpoint
+    for logged, victim in [*FAULTS, (STEPS, None)]:
+        run = SpecrlRun(config, *(["--resume"] if previous else []))
+        _wait_for_steps(run, run_dir, logged)
+        if victim is None:
+            assert run.wait(timeout=600) == 0, run.output()
+        else:
+            _kill(run, victim)
+        log = _steps(run_dir)
+        if previous is not None:
+            killed, version = previous
+            assert f"resumed at version {version}" in run.output(), run.output()
+            assert log[:version] == killed[:version], "a step the checkpoint holds changed"
+            if len(killed) > version:
+                assert sorted(log[version]["group_ids"]) == sorted(killed[version]["group_ids"])
+        meta = json.loads((checkpoint.find(run_dir / "checkpoint") / "meta.json").read_text())
+        previous = (log, meta["step"])
+        if victim == "serve trainer":  # the next step needs the trainer: its loss is certain
+            assert len(log) == logged > meta["step"], "the trainer's fault must cost a step"
+
+    final = _steps(run_dir)
+    assert [r["step"] for r in final] == list(range(STEPS)), "every step once"
+    groups = [g for r in final for g in r["group_ids"]]
+    assert len(groups) == len(set(groups)) == STEPS * PROMPTS, "a group trained on twice"
+    admitted = sorted(g.split(".")[0] for g in groups)
+    assert admitted == sorted(f"{b}-{i}" for b in range(STEPS) for i in range(PROMPTS)), "a prompt lost"
+    assert all(r["duplicate_samples"] == 0 and r["lag"]["max"] <= 1 for r in final)
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == STEPS
