@@ -218,11 +218,8 @@ class RunStreams:
     def flush(self, version: int) -> None:
         """A checkpoint holds policy `version`: the steps before it need no replay."""
         done = [s for s in self.r.hkeys(self.unflushed) if int(s) < version]
-        pipe = self.r.pipeline(transaction=True)
         if done:
-            pipe.hdel(self.unflushed, *done)
-        pipe.hset(self.state, "checkpoint_version", str(version))
-        pipe.execute()
+            self.r.hdel(self.unflushed, *done)
 
     def resume(self, version: int) -> dict[str, int]:
         """Roll the run back to policy `version` (what the restarted trainer loaded),
@@ -238,9 +235,9 @@ class RunStreams:
         counts = {"replayed": 0, "retired": 0, "requeued": 0}
         pipe = self.r.pipeline(transaction=True)
         lost: list[RolloutGroup] = []
-        for step, data in self.r.hgetall(self.unflushed).items():
-            if int(step) < version:
-                continue  # a checkpoint holds it (its flush was cut short)
+        lost_steps = [s for s in self.r.hkeys(self.unflushed) if int(s) >= version]
+        # steps before `version` are held by the checkpoint (their flush was cut short)
+        for data in self.r.hmget(self.unflushed, lost_steps) if lost_steps else []:
             for g in (RolloutGroup.from_json(json.dumps(x)) for x in json.loads(data)):
                 if _newest(g) > version:
                     lost.append(g)
@@ -276,7 +273,6 @@ class RunStreams:
                 pipe.xadd(self.prompts, fields)
                 self._done(pipe, self.prompts, GENERATORS, [entry])
                 counts["requeued"] += 1
-        lost_steps = [s for s in self.r.hkeys(self.unflushed) if int(s) >= version]
         if lost_steps:
             pipe.hdel(self.unflushed, *lost_steps)
         pipe.hset(self.state, mapping={"version": str(version)})
