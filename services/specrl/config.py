@@ -291,6 +291,9 @@ class DataConfig(StrictModel):
     prompts_per_step: int = Field(16, ge=1)
     shuffle: bool = True
     seed: int = 0
+    # source: task: None draws a fresh problem every time; N makes the task a fixed
+    # training set of its first N problems, cycled epoch after epoch like a file.
+    task_prompts: int | None = Field(None, ge=1)
     # The task generator's difficulty (source: task).
     task_max_operand: int = Field(20, ge=1)
     task_min_terms: int = Field(2, ge=2)
@@ -371,6 +374,10 @@ class RolloutFleetConfig(StrictModel):
     replicas: int = Field(1, ge=0)
     addresses: tuple[str, ...] = ()
     server: RolloutServerConfig = RolloutServerConfig(port=0)
+    # A replica started here that dies is started again on its address, up to this many
+    # times each (the run goes on; the trainer catches it up to the current policy);
+    # past that, or with 0, the run stops with its state kept (`specrl run --resume`).
+    max_restarts: int = Field(3, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> RolloutFleetConfig:

@@ -3,7 +3,7 @@
 Builds the zoo, starts a real rollout server with EAGLE-3 speculation (k=3), shows the
 startup self-test, checks losslessness against the exact target distribution, and
 samples GRPO-style groups of rollouts with their rewards and acceptance lengths.
-The full RL loop joins this demo with the orchestrator (issue 6).
+The RL loop itself is `make demo` (`specrl run --config examples/tiny-rl-zero.yaml`).
 """
 
 from __future__ import annotations

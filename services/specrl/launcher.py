@@ -98,6 +98,7 @@ class ServiceProcess:
         cfg_path = self._dir / f"{self.service}.yaml"
         cfg_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json")))
         ready = self._dir / "port"
+        ready.unlink(missing_ok=True)  # a restart must not read the last life's port
         cmd = [
             sys.executable,
             "-m",
@@ -109,7 +110,8 @@ class ServiceProcess:
             "--ready-file",
             str(ready),
         ]
-        log = open(self.log_path, "w")  # noqa: SIM115 (owned by the child for its lifetime)
+        # appended to: the log of a service started again keeps its previous life's
+        log = open(self.log_path, "a")  # noqa: SIM115 (owned by the child for its lifetime)
         self.proc = subprocess.Popen(
             cmd,
             stdout=log,

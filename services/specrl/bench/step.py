@@ -28,6 +28,7 @@ from specrl.bench.report import markdown_table, print_table
 from specrl.config import RunConfig
 from specrl.orchestrator.report import BREAKDOWN, summary
 from specrl.orchestrator.run import run
+from specrl.stats.lossless import reward_difference_p
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny-rl-zero.yaml"
 EAGLE3 = {"method": "eagle3", "num_speculative_tokens": 3, "draft": "zoo:eagle3-domain"}
@@ -68,28 +69,12 @@ def compare(runs: dict[str, list[dict]]) -> list[dict]:
     rows = [{"config": label, **_row(summary(records))} for label, records in runs.items()]
     by = {r["config"]: r for r in rows}
     for r in rows:
-        r["reward_p_vs_ar"] = round(_same_reward_p(runs[r["config"]], runs["ar"]), 4)
+        r["reward_p_vs_ar"] = round(reward_difference_p(runs[r["config"]], runs["ar"]), 4)
         r["gen_speedup_vs_ar"] = round(by["ar"]["gen_s"] / r["gen_s"], 3)
         r["step_speedup_vs_ar"] = round(by["ar"]["step_s"] / r["step_s"], 3)
         # async's goal: exposed generation < 10% of the same job's synchronous gen time
         r["exposed_gen_vs_sync_gen"] = round(r["exposed_generation_s"] / by["eagle3"]["gen_s"], 3)
     return rows
-
-
-def _same_reward_p(a: list[dict], b: list[dict]) -> float:
-    """Two-sided p-value of a two-proportion z-test that two runs' (0/1) rewards have the
-    same mean. Lossless speculation leaves the rollout distribution, hence the reward
-    trajectory's distribution, unchanged; the runs' policies drift apart only through
-    their different samples, a variance this test ignores (small at these learning
-    rates), so a low p is a reason to look, not a proof of bias."""
-    from scipy.stats import norm
-
-    n1, n2 = sum(r["samples"] for r in a), sum(r["samples"] for r in b)
-    k1 = sum(r["reward_mean"] * r["samples"] for r in a)
-    k2 = sum(r["reward_mean"] * r["samples"] for r in b)
-    pooled = (k1 + k2) / (n1 + n2)
-    se = (pooled * (1 - pooled) * (1 / n1 + 1 / n2)) ** 0.5
-    return 1.0 if se == 0 else float(2 * norm.sf(abs(k1 / n1 - k2 / n2) / se))
 
 
 def _row(s: dict) -> dict:

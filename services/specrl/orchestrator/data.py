@@ -11,6 +11,7 @@ error before anything starts.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -76,18 +77,19 @@ class PromptSource:
             return None
         return Item(text, str(answer).strip(), ids)
 
-    def _task_rows(self) -> Iterator[tuple[str, str]]:
+    def _task_rows(self) -> Iterator[tuple[object, object]]:
         from specrl.zoo import task
 
         c = self.cfg
-        for p in task.generate(
+        problems = task.generate(
             seed=c.seed,
             split="train",
             min_terms=c.task_min_terms,
             max_terms=c.task_max_terms,
             max_operand=c.task_max_operand,
-        ):
-            yield p.prompt, str(p.answer)
+        )
+        rows = ((p.prompt, str(p.answer)) for p in problems)
+        return rows if c.task_prompts is None else self._cycle(list(itertools.islice(rows, c.task_prompts)))
 
     def _cycle(self, rows: list[tuple[object, object]]) -> Iterator[tuple[object, object]]:
         """Epoch after epoch, each in a fresh seeded order (when shuffling)."""

@@ -82,6 +82,9 @@ class Generators:
         self.errors: dict[str, str] = {}
         self.reward_errors = 0
         self._paused: set[str] = set()
+        # Replicas found serving an older policy than `min_version` (a rollout server
+        # started again on its address comes back on its initial weights).
+        self.behind: set[str] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -113,7 +116,13 @@ class Generators:
         self._paused.add(replica)
 
     def resume(self, replica: str) -> None:
+        """`replica` serves the current policy again."""
         self._paused.discard(replica)
+        self.behind.discard(replica)
+
+    def need_update(self) -> bool:
+        """Some replica is paused or behind: it needs the current policy pushed to it."""
+        return bool(self._paused or self.behind)
 
     def idle_seconds(self) -> float:
         """Total time so far with no Generate call in flight on any replica."""
@@ -196,6 +205,7 @@ class Generators:
             return
         if min(x.policy_version for x in resp.samples) < self.min_version:
             log.warning("%s serves an old policy: %s goes back", replica, group.group_id)
+            self.behind.add(replica)
             self._give_back(delivery)
             return
         t1 = time.perf_counter()

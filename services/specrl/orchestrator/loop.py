@@ -55,6 +55,9 @@ CONSUMER = "orchestrator"
 # Stages that add up to the step's wall time (with "other", the orchestrator's own
 # time); gen and reward run in the generators, overlapping them.
 ADDITIVE = ("prepare", "data", "exposed_generation", "logprob", "train", "checkpoint")
+# How often a replica that missed the current policy is offered it again while a batch is
+# awaited (a restarted rollout server takes ~30-60 s to come up on 2 cores).
+CATCH_UP_S = 5.0
 
 
 class GenerationStalled(RuntimeError):
@@ -78,7 +81,8 @@ class Orchestrator:
         check_alive: Callable[[], None] | None = None,
     ) -> None:
         """`check_alive` raises when a service the loop needs is gone (a process that
-        `specrl run` started and that exited); called while waiting for rollouts."""
+        `specrl run` started and that exited for good); called while waiting for
+        rollouts, it may also start a dead rollout server again (System.check_alive)."""
         self.cfg = cfg
         self.streams = streams
         self.trainer = trainer
@@ -90,6 +94,7 @@ class Orchestrator:
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint: str | None = None  # the last one saved
         self.check_alive = check_alive
+        self._pushed_at = 0.0
         self.version = trainer.status().step
         self.next_batch = int(streams.get_state().get("next_batch", self.version))
         self.buffer: dict[str, Delivery] = {}  # rollout entry id -> delivery held
@@ -185,9 +190,19 @@ class Orchestrator:
             self.checkpoint = self.trainer.save(str(self.checkpoint_dir.resolve())).path
             self.streams.flush(self.version)
 
+    def _catch_up(self) -> None:
+        """While a batch is awaited, push the current policy again every CATCH_UP_S to
+        replicas that missed it (paused) or lost it (a rollout server started again on
+        its address); replicas already current are left alone by the trainer."""
+        if self.generators.need_update() and time.monotonic() - self._pushed_at > CATCH_UP_S:
+            push = self._push()
+            missed = list(push.dropped)
+            log.info("catch-up push of v%d: updated %s, missed %s", push.version, push.updated, missed)
+
     def _push(self):
         """Bring every replica to the trainer's version; a replica the update did not
         reach is paused (its samples would be too old) until one does."""
+        self._pushed_at = time.monotonic()
         push = self.trainer.push_weights(self.replicas)
         for replica in self.replicas:
             if replica in push.dropped:
@@ -230,6 +245,7 @@ class Orchestrator:
         while True:
             if self.check_alive is not None:
                 self.check_alive()
+            self._catch_up()
             self._screen(step)
             mine = sorted(
                 (d for d in self.buffer.values() if d.group.batch <= step),

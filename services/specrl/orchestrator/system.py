@@ -6,6 +6,8 @@ stops the others and reports its log tail."""
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -14,6 +16,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specrl.config import RunConfig
 from specrl.launcher import ServerDied, ServiceProcess, free_port, start_all
 from specrl.queue.redis_server import RedisServer
+
+log = logging.getLogger("specrl.system")
 
 
 class StartupError(RuntimeError):
@@ -50,6 +54,8 @@ class System:
         self.redis_url = cfg.redis.url or ""
         self.replicas: list[str] = list(cfg.rollout.addresses)
         self.trainer_address = cfg.trainer.address or ""
+        self._max_restarts = cfg.rollout.max_restarts
+        self._restarts: Counter[str] = Counter()
 
     def start(self) -> System:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -94,13 +100,26 @@ class System:
             start_all([*self.rollout, *self.trainer])
         except ServerDied as e:
             raise StartupError(str(e)) from None
+        for p in self.rollout:  # a restart binds the address its replica is known by
+            p.cfg = p.cfg.model_copy(update={"port": p.port})
         self.replicas += [p.address for p in self.rollout]
         if self.trainer:
             self.trainer_address = self.trainer[0].address
 
     def check_alive(self) -> None:
-        """Raise ServiceDied, naming it and its log tail, if a service started here has
+        """Start a dead rollout server again on its address while it has restarts left
+        (not waiting for it: the generators retry it, the loop catches it up); raise
+        ServiceDied, naming it and its log tail, for any other service started here that
         exited (the run stops with its state kept; `specrl run --resume` continues)."""
+        for p in self.rollout:
+            dead = p.proc is not None and p.proc.poll() is not None
+            if dead and self._restarts[p.address] < self._max_restarts:
+                n = self._restarts[p.address] = self._restarts[p.address] + 1
+                log.warning(
+                    "rollout server %s exited with %s: starting it again (restart %d of %d); log tail:\n%s",
+                    p.address, p.proc.returncode, n, self._max_restarts, p.log_tail(10),
+                )  # fmt: skip
+                p.start(wait=False)
         named = [(f"trainer rank {i}", p.proc, p.log_tail) for i, p in enumerate(self.trainer)]
         named += [(f"rollout server {p.address}", p.proc, p.log_tail) for p in self.rollout]
         if self.redis is not None:

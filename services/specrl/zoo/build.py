@@ -110,6 +110,14 @@ def build_zoo(
         manifest = load_manifest(root)
         if manifest and manifest.get("key") == key and not force:
             return manifest
+        took = ", ~17 minutes on 2 cores" if spec == ZooSpec() else ""
+        if manifest and not force:
+            console.print(
+                f"[yellow]the zoo at {root} was built from another spec (key {manifest.get('key')}, "
+                f"this specrl wants {key}): building it again{took}[/yellow]"
+            )
+        elif not force:
+            console.print(f"building the tiny model zoo at {root} (once{took})")
         tmp = root.parent / f".{root.name}.building"
         key_file = tmp / "key"
         if force or not key_file.exists() or key_file.read_text() != key:
