@@ -205,6 +205,21 @@ class CaptureConfig(StrictModel):
     queue_size: int = Field(16, ge=1)
 
 
+class DraftTrainingConfig(StrictModel):
+    """Online EAGLE-3 adaptation on the verifier's captured hidden states."""
+
+    lr: float = Field(3e-4, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    # Training-time-test steps (draft positions trained per base position) and the
+    # loss weight decay**j of step j.
+    ttt_steps: int = Field(3, ge=1)
+    loss_decay: float = Field(0.8, gt=0, le=1)
+    # Every this-many-th captured batch is held out (not trained on) to estimate the
+    # draft's top-1 agreement and acceptance length; the newest `holdout_batches` kept.
+    holdout_every: int = Field(10, ge=2)
+    holdout_batches: int = Field(8, ge=1)
+
+
 class TrainerConfig(StrictModel):
     """The policy trainer (one process per rank; torchrun-compatible env vars)."""
 

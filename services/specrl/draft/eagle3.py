@@ -304,3 +304,38 @@ def ttt_loss(
         agree = (pred.argmax(-1) == tgt.argmax(-1)).to(lg.dtype)
         agreement.append(float((agree * mask).sum() / denom))
     return total, {"top1_agreement": agreement}
+
+
+class NonFiniteUpdate(ValueError):
+    """A TTT step whose loss or gradient is not finite: the optimizer was not stepped."""
+
+
+def ttt_update(
+    head: Eagle3Head,
+    opt: torch.optim.Optimizer,
+    aux: torch.Tensor,
+    input_ids: torch.Tensor,
+    target_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    ttt_steps: int,
+    decay: float = 0.8,
+    max_grad_norm: float = 1.0,
+) -> tuple[float, dict[str, list[float]]]:
+    """One optimizer step of TTT on a batch (offline init and online adaptation share
+    it). A non-finite loss or gradient never reaches the weights or the optimizer state:
+    the gradient is dropped and NonFiniteUpdate raised."""
+    logits = head.ttt_forward(aux, input_ids, ttt_steps)
+    loss, stats = ttt_loss(logits, target_logprobs, loss_mask, decay=decay)
+    params = [p for p in head.parameters() if p.requires_grad]
+    if not torch.isfinite(loss):
+        opt.zero_grad(set_to_none=True)
+        raise NonFiniteUpdate(f"non-finite TTT loss {loss.item()}")
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if not torch.isfinite(norm):
+        opt.zero_grad(set_to_none=True)
+        raise NonFiniteUpdate(f"non-finite gradient norm {norm.item()}")
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item(), stats

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from specrl.draft.aux_layers import gather_aux_hidden_states
-from specrl.draft.eagle3 import Eagle3Head, ttt_loss
+from specrl.draft.eagle3 import Eagle3Head, ttt_loss, ttt_update
 
 Progress = Callable[[int, int, float], None]
 
@@ -87,16 +87,14 @@ def train_head(
     stats: dict[str, list[float] | float] = {}
     for step in range(steps):
         idx = torch.tensor(rng.sample(range(n), min(batch_size, n)))
-        logits = head.ttt_forward(feats.aux[idx], feats.input_ids[idx], ttt_steps)
-        loss, stats = ttt_loss(logits, feats.target_logprobs[idx], feats.loss_mask[idx])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss, stats = ttt_update(
+            head, opt, feats.aux[idx], feats.input_ids[idx], feats.target_logprobs[idx], feats.loss_mask[idx],
+            ttt_steps=ttt_steps,
+        )  # fmt: skip
         sched.step()
-        opt.zero_grad(set_to_none=True)
-        stats["loss"] = loss.item()
+        stats["loss"] = loss
         if progress is not None:
-            progress(step + 1, steps, loss.item())
+            progress(step + 1, steps, loss)
     head.eval()
     return stats
 

@@ -1,0 +1,162 @@
+"""Online EAGLE-3 adaptation: the draft-trainer's core, without its transport.
+
+It consumes the trainer's captured batches (`specrl.trainer.capture.Captured`: aux hidden
+states and the target's next-token log-probs from the policy's own logprob pass) and fits
+the head with the same training-time-test step as offline initialization
+(`specrl.draft.eagle3.ttt_update`). Gradient isolation is structural: a batch holds
+detached CPU copies of what the policy computed, and nothing here references the
+policy's parameters.
+
+A bad batch never reaches the weights: a width that does not match the draft (aux
+layers x hidden size, vocabulary), shapes that disagree, non-finite values, or a step
+whose loss or gradient is not finite is refused with DraftInputError and counted, and
+the head keeps its last good weights. Every `holdout_every`-th batch is kept for
+evaluation instead: per-position top-1 agreement with the target and the acceptance
+length that implies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from specrl.config import DraftTrainingConfig
+from specrl.draft.eagle3 import Eagle3Head, NonFiniteUpdate, ttt_loss, ttt_update
+from specrl.trainer.capture import Captured
+
+
+class DraftInputError(ValueError):
+    """A captured batch the draft cannot train on; nothing was changed."""
+
+
+@dataclass
+class DraftStats:
+    """What the draft-trainer has done so far."""
+
+    steps: int = 0
+    tokens: int = 0
+    refused: int = 0
+    last_loss: float = math.nan
+    last_error: str = ""
+    policy_version: int = -1  # the newest policy version trained against
+    train_agreement: list[float] = field(default_factory=list)
+
+
+def acceptance_length(agreement: list[float]) -> float:
+    """Expected tokens per verification when drafting len(agreement) tokens: the bonus
+    token plus draft position j accepted if every position up to j agrees (TTT scores
+    position j given correct earlier tokens, so agreements multiply)."""
+    total, run = 1.0, 1.0
+    for a in agreement:
+        run *= a
+        total += run
+    return total
+
+
+class OnlineDraftTrainer:
+    def __init__(self, head: Eagle3Head, cfg: DraftTrainingConfig) -> None:
+        self.head = head.train()
+        self.cfg = cfg
+        params = [p for p in head.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+        self.stats = DraftStats()
+        self.holdout: deque[tuple[torch.Tensor, ...]] = deque(maxlen=cfg.holdout_batches)
+        self._seen = 0
+
+    def submit(self, batch: Captured) -> bool:
+        """Train on `batch`, or hold it out for evaluation (returns False then). Raises
+        DraftInputError, with the head unchanged, for a batch it cannot use."""
+        try:
+            tensors = self._tensors(batch)
+        except DraftInputError as e:
+            self._refuse(e)
+            raise
+        self._seen += 1
+        if self._seen % self.cfg.holdout_every == 0:
+            self.holdout.append(tensors)
+            return False
+        c = self.cfg
+        try:
+            loss, stats = ttt_update(
+                self.head, self.opt, *tensors,
+                ttt_steps=c.ttt_steps, decay=c.loss_decay, max_grad_norm=c.max_grad_norm,
+            )  # fmt: skip
+        except NonFiniteUpdate as e:
+            err = DraftInputError(f"batch of policy v{batch.policy_version} refused: {e}")
+            self._refuse(err)
+            raise err from None
+        s = self.stats
+        s.steps += 1
+        s.tokens += int(tensors[3].sum())
+        s.last_loss = loss
+        s.train_agreement = stats["top1_agreement"]
+        s.policy_version = max(s.policy_version, batch.policy_version)
+        return True
+
+    @torch.no_grad()
+    def evaluate(self) -> list[float]:
+        """Top-1 agreement per draft position on the held-out batches, token-weighted
+        (empty before the first batch is held out)."""
+        if not self.holdout:
+            return []
+        self.head.eval()
+        sums: list[float] = []
+        weight = 0.0
+        for aux, ids, target, mask in self.holdout:
+            logits = self.head.ttt_forward(aux, ids, self.cfg.ttt_steps)
+            _, stats = ttt_loss(logits, target, mask, decay=self.cfg.loss_decay)
+            w = float(mask.sum())
+            agree = stats["top1_agreement"]
+            sums = [x + w * a for x, a in zip(sums, agree)] if sums else [w * a for a in agree]
+            weight += w
+        self.head.train()
+        return [x / max(weight, 1.0) for x in sums]
+
+    def _refuse(self, e: DraftInputError) -> None:
+        self.stats.refused += 1
+        self.stats.last_error = str(e)
+
+    def _tensors(self, b: Captured) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(aux, input_ids, target log-probs [B, L, V], loss mask [B, L]) in the layout of
+        `ttt_loss` (position t holds the target's prediction of token t+1; the last
+        position, which predicts nothing, is masked), after checking the batch."""
+        cfg = self.head.cfg
+        ids, aux, lp = b.input_ids, b.aux, b.target_logprobs
+        if ids.dim() != 2:
+            raise DraftInputError(f"input_ids must be [batch, length], got {tuple(ids.shape)}")
+        n, length = ids.shape
+        width = len(cfg.aux_layer_ids) * cfg.hidden_size
+        if aux.shape != (n, length, width):
+            raise DraftInputError(
+                f"aux hidden states are {tuple(aux.shape)}; this draft takes [{n}, {length}, {width}] "
+                f"({len(cfg.aux_layer_ids)} layers {list(cfg.aux_layer_ids)} x hidden {cfg.hidden_size})"
+            )
+        if b.loss_mask.shape != (n, length - 1) or lp.shape[:2] != (n, length - 1):
+            raise DraftInputError(
+                f"loss mask {tuple(b.loss_mask.shape)} / target log-probs {tuple(lp.shape)} do not "
+                f"cover the {length - 1} predicted positions of input_ids {tuple(ids.shape)}"
+            )
+        if bool((ids < 0).any()) or bool((ids >= cfg.vocab_size).any()):
+            raise DraftInputError(f"token ids outside the draft's vocabulary of {cfg.vocab_size}")
+        if not bool(torch.isfinite(aux).all()):
+            raise DraftInputError("aux hidden states hold NaN or inf")
+        if bool(torch.isnan(lp).any()) or bool((lp > 1e-4).any()):
+            raise DraftInputError("target log-probs hold NaN or positive values")
+        full = torch.full((n, length, cfg.vocab_size), -1e30, dtype=torch.float32)
+        if b.target_ids is None:
+            if lp.shape[-1] != cfg.vocab_size:
+                raise DraftInputError(
+                    f"target distribution over {lp.shape[-1]} tokens; "
+                    f"the draft's vocabulary is {cfg.vocab_size}"
+                )
+            full[:, :-1] = lp.float()
+        else:  # top-k: the tokens outside it get probability 0
+            if b.target_ids.shape != lp.shape or bool((b.target_ids >= cfg.vocab_size).any()):
+                raise DraftInputError("top-k target ids do not match their log-probs or the vocabulary")
+            full[:, :-1].scatter_(-1, b.target_ids.long(), lp.float())
+        mask = torch.zeros((n, length), dtype=torch.float32)
+        mask[:, :-1] = b.loss_mask.float() * b.attention_mask[:, 1:].float()
+        return aux.float(), ids.long(), full, mask
