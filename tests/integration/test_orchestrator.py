@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import pytest
 from rich.console import Console
 
@@ -86,6 +87,9 @@ def test_synchronous_steps_train_on_the_current_policy_only(services, tmp_path):
     with TrainerClient(services.trainer_address) as t:
         st = t.status()
         assert st.step == start + 3 and (st.tp, st.dp) == (2, 1)
+        with pytest.raises(grpc.RpcError) as e:  # no draft-trainer configured: nothing captured
+            next(t.captures(max_batches=1))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "capture is off" in e.value.details()
 
 
 def test_asynchronous_steps_overlap_generation_within_the_lag_bound(services, tmp_path):

@@ -38,7 +38,16 @@ def trainer(tmp_path_factory):
     model = tmp_path_factory.mktemp("tiny") / "model"
     tiny_qwen3(model)
     cfg = TrainerServerConfig.model_validate(
-        {"port": 0, "metrics_port": 0, "trainer": {"model": str(model), "dp": 2, "micro_batch_size": 3}}
+        {
+            "port": 0,
+            "metrics_port": 0,
+            "trainer": {
+                "model": str(model),
+                "dp": 2,
+                "micro_batch_size": 3,
+                "capture": {"enabled": True, "aux_layer_ids": [0, 1]},
+            },
+        }
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -110,6 +119,31 @@ def test_train_steps_inline_and_by_reference(trainer, tmp_path):
     )
     assert re.search(r"^specrl_trainer_steps_total 2\.0$", body, re.M)
     assert re.search(r'^specrl_trainer_stage_seconds_count\{stage="train"\} 2\.0$', body, re.M)
+
+
+def test_captured_features_stream_out_as_the_policy_computed_them(trainer):
+    """The first TrainStep's logprob pass captured rank 0's share of the batch (two
+    micro-batches of policy v0); StreamCaptures hands them out, and they are what an
+    independent forward of the initial model gives."""
+    from transformers import AutoModelForCausalLM
+
+    from specrl.draft.aux_layers import gather_aux_hidden_states
+    from specrl.trainer.client import TrainerClient
+
+    ranks, _, model = trainer
+    with TrainerClient(ranks[0].address) as client:
+        batches = list(client.captures(max_batches=2))
+    policy = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
+    for c in batches:
+        assert c.policy_version == 0 and c.aux_layer_ids == (0, 1) and c.target_ids is None
+        with torch.no_grad():
+            out = policy(input_ids=c.input_ids, attention_mask=c.attention_mask, output_hidden_states=True)
+        real = c.attention_mask.bool()
+        aux = gather_aux_hidden_states(out.hidden_states, (0, 1))
+        assert torch.allclose(c.aux[real], aux[real], atol=1e-4)
+        lp = torch.log_softmax(out.logits[:, :-1], -1)
+        assert torch.allclose(c.target_logprobs[real[:, 1:]], lp[real[:, 1:]], atol=1e-4)
+        assert c.loss_mask.sum() > 0 and bool((c.loss_mask <= c.attention_mask[:, 1:]).all())
 
 
 def test_bad_batches_are_refused_and_nothing_is_trained(trainer):

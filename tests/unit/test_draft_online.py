@@ -49,6 +49,7 @@ def _batch(g: torch.Generator, n: int = 16, length: int = 10, topk: int | None =
         aux=torch.randn((n, length, len(AUX) * H), generator=g),
         target_logprobs=lp,
         target_ids=top,
+        aux_layer_ids=AUX,
     )
 
 
@@ -89,13 +90,15 @@ def test_bad_batches_are_refused_and_the_head_keeps_its_weights():
     nan.aux[0, 3, 5] = float("nan")
     vocab = _batch(g)
     vocab.target_logprobs = torch.log_softmax(torch.randn(16, 9, V + 4), -1)
+    layers = _batch(g)
+    layers.aux_layer_ids = (1, 3, 5)  # as wide as the draft's, other layers: silent garbage if taken
     short = _batch(g)
     short.loss_mask = short.loss_mask[:, :-2]
     huge = _batch(g)
     huge.aux = torch.full_like(huge.aux, 3e38)  # finite input, overflowing forward: refused at the update
     cases = [
         (wide, "this draft takes"), (nan, "NaN"), (vocab, "vocabulary"), (short, "do not"),
-        (huge, "non-finite"),
+        (layers, "aux layers"), (huge, "non-finite"),
     ]  # fmt: skip
     for bad, message in cases:
         with pytest.raises(DraftInputError, match=message):
@@ -129,3 +132,13 @@ def test_training_the_draft_leaves_the_policy_untouched():
         assert trainer.submit(batch)
     assert all(p.grad is None for p in policy.parameters())
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
+
+
+def test_captured_batches_survive_the_wire_encoding():
+    g = torch.Generator().manual_seed(3)
+    for batch in (_batch(g), _batch(g, topk=3)):
+        back = Captured.decode(batch.encode(), policy_version=3, aux_layer_ids=AUX)
+        for k in ("input_ids", "attention_mask", "loss_mask", "aux", "target_logprobs", "target_ids"):
+            a, b = getattr(batch, k), getattr(back, k)
+            assert (a is None and b is None) or torch.equal(a, b), k
+        assert (back.policy_version, back.aux_layer_ids) == (3, AUX)

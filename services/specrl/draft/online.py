@@ -128,6 +128,11 @@ class OnlineDraftTrainer:
         if ids.dim() != 2:
             raise DraftInputError(f"input_ids must be [batch, length], got {tuple(ids.shape)}")
         n, length = ids.shape
+        if b.aux_layer_ids and tuple(b.aux_layer_ids) != tuple(cfg.aux_layer_ids):
+            raise DraftInputError(
+                f"features captured at aux layers {list(b.aux_layer_ids)}; this draft reads layers "
+                f"{list(cfg.aux_layer_ids)} (trainer.capture.aux_layer_ids must be the draft's)"
+            )
         width = len(cfg.aux_layer_ids) * cfg.hidden_size
         if aux.shape != (n, length, width):
             raise DraftInputError(

@@ -27,6 +27,25 @@ class Captured:
     aux: torch.Tensor  # [B, L, n_aux * H]
     target_logprobs: torch.Tensor  # [B, L-1, V] or top-k values [B, L-1, k]
     target_ids: torch.Tensor | None  # [B, L-1, k] with top-k, else None
+    aux_layer_ids: tuple[int, ...] = ()  # the target layers `aux` was taken at
+
+    _TENSORS = ("input_ids", "attention_mask", "loss_mask", "aux", "target_logprobs", "target_ids")
+
+    def encode(self) -> bytes:
+        """The tensors as safetensors bytes (CapturedBatch.tensors)."""
+        from safetensors.torch import save
+
+        return save({k: getattr(self, k).contiguous() for k in self._TENSORS if getattr(self, k) is not None})
+
+    @classmethod
+    def decode(cls, data: bytes, *, policy_version: int, aux_layer_ids: tuple[int, ...]) -> Captured:
+        from safetensors.torch import load
+
+        t = load(data)
+        missing = [k for k in cls._TENSORS[:-1] if k not in t]
+        if missing:
+            raise ValueError(f"captured batch lacks {missing}")
+        return cls(policy_version, *(t[k] for k in cls._TENSORS[:-1]), t.get("target_ids"), aux_layer_ids)
 
 
 class CaptureQueue:
@@ -93,5 +112,6 @@ class Capturer:
                 aux=gather_aux_hidden_states(hidden_states, self.aux_layer_ids).cpu(),
                 target_logprobs=lp.cpu(),
                 target_ids=ids,
+                aux_layer_ids=self.aux_layer_ids,
             )
         )

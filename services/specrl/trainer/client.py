@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specrl import grpc_options
 from specrl.trainer.batch import Rollout
+from specrl.trainer.capture import Captured
 from specrl.v1 import trainer_pb2 as pb
 from specrl.v1 import trainer_pb2_grpc as pb_grpc
 
@@ -48,6 +49,17 @@ class TrainerClient:
 
     def save(self, path: str) -> pb.SaveCheckpointResponse:
         return self.stub.SaveCheckpoint(pb.SaveCheckpointRequest(path=path), timeout=self.timeout)
+
+    def captures(self, max_batches: int = 0) -> Iterator[Captured]:
+        """The trainer's captured batches as its logprob passes produce them (blocks
+        between them; 0: until the caller stops iterating)."""
+        stream = self.stub.StreamCaptures(pb.StreamCapturesRequest(max_batches=max_batches))
+        try:
+            for m in stream:
+                ids = tuple(m.aux_layer_ids)
+                yield Captured.decode(m.tensors, policy_version=m.policy_version, aux_layer_ids=ids)
+        finally:
+            stream.cancel()
 
     def status(self) -> pb.TrainerStatus:
         return self.stub.GetStatus(pb.GetTrainerStatusRequest(), timeout=30)

@@ -4,6 +4,7 @@ status codes; commands run one at a time (they are collectives across all ranks)
 from __future__ import annotations
 
 import logging
+import queue
 import signal
 import threading
 import time
@@ -100,6 +101,25 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         fields = ("version", "updated", "dropped", "bytes", "seconds", "phases")
         return pb.PushWeightsResponse(**{f: getattr(out, f) for f in fields})
+
+    def StreamCaptures(self, request, context):
+        """Not a command (no lock): it only drains the capture queue the logprob passes
+        fill. A batch taken off the queue as the client goes away is lost, as a batch
+        dropped from a full queue is: draft training tolerates gaps, the policy never
+        waits."""
+        capturer = self.core.policy.capturer
+        if capturer is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "capture is off (trainer.capture.enabled)")
+        sent = 0
+        while context.is_active() and (request.max_batches <= 0 or sent < request.max_batches):
+            try:
+                c = capturer.queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            yield pb.CapturedBatch(
+                policy_version=c.policy_version, aux_layer_ids=c.aux_layer_ids, tensors=c.encode()
+            )
+            sent += 1
 
     def GetStatus(self, request, context):
         p, cfg = self.core.policy, self.core.cfg

@@ -179,3 +179,19 @@ class PushWeightsResponse(_message.Message):
     seconds: float
     phases: _containers.ScalarMap[str, float]
     def __init__(self, version: _Optional[int] = ..., updated: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Mapping[str, str]] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., phases: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class StreamCapturesRequest(_message.Message):
+    __slots__ = ("max_batches",)
+    MAX_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    max_batches: int
+    def __init__(self, max_batches: _Optional[int] = ...) -> None: ...
+
+class CapturedBatch(_message.Message):
+    __slots__ = ("policy_version", "aux_layer_ids", "tensors")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AUX_LAYER_IDS_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    aux_layer_ids: _containers.RepeatedScalarFieldContainer[int]
+    tensors: bytes
+    def __init__(self, policy_version: _Optional[int] = ..., aux_layer_ids: _Optional[_Iterable[int]] = ..., tensors: _Optional[bytes] = ...) -> None: ...

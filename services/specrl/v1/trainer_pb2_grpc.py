@@ -59,6 +59,11 @@ class TrainerServiceStub:
                 request_serializer=specrl_dot_v1_dot_trainer__pb2.PushWeightsRequest.SerializeToString,
                 response_deserializer=specrl_dot_v1_dot_trainer__pb2.PushWeightsResponse.FromString,
                 _registered_method=True)
+        self.StreamCaptures = channel.unary_stream(
+                '/specrl.v1.TrainerService/StreamCaptures',
+                request_serializer=specrl_dot_v1_dot_trainer__pb2.StreamCapturesRequest.SerializeToString,
+                response_deserializer=specrl_dot_v1_dot_trainer__pb2.CapturedBatch.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -102,6 +107,16 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamCaptures(self, request, context):
+        """The verifier's captured features (trainer.capture.enabled) for the draft-trainer, as
+        the logprob passes produce them: one message per captured micro-batch, taken off the
+        trainer's bounded capture queue (which drops its oldest batch while nobody reads).
+        With dp > 1 only rank 0's share of each batch is streamed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +144,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.PushWeights,
                     request_deserializer=specrl_dot_v1_dot_trainer__pb2.PushWeightsRequest.FromString,
                     response_serializer=specrl_dot_v1_dot_trainer__pb2.PushWeightsResponse.SerializeToString,
+            ),
+            'StreamCaptures': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamCaptures,
+                    request_deserializer=specrl_dot_v1_dot_trainer__pb2.StreamCapturesRequest.FromString,
+                    response_serializer=specrl_dot_v1_dot_trainer__pb2.CapturedBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +286,33 @@ class TrainerService:
             '/specrl.v1.TrainerService/PushWeights',
             specrl_dot_v1_dot_trainer__pb2.PushWeightsRequest.SerializeToString,
             specrl_dot_v1_dot_trainer__pb2.PushWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamCaptures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/specrl.v1.TrainerService/StreamCaptures',
+            specrl_dot_v1_dot_trainer__pb2.StreamCapturesRequest.SerializeToString,
+            specrl_dot_v1_dot_trainer__pb2.CapturedBatch.FromString,
             options,
             channel_credentials,
             insecure,
