@@ -110,7 +110,7 @@ def _write(out: Path, rows: list[dict], runs: dict[str, list[dict]], *, steps: i
         "command": f"specrl bench step --out {out} --steps {steps}",
         "date": datetime.date.today().isoformat(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "config": str(config),
+        "config": _shown(config),
         "what": "mean per-step stage times over the steps after the first; speedups vs the AR row",
     }
     out.write_text(json.dumps({"meta": meta, "rows": rows, "steps": runs}, indent=2) + "\n")
@@ -119,6 +119,15 @@ def _write(out: Path, rows: list[dict], runs: dict[str, list[dict]], *, steps: i
         runs, out.with_name(out.stem + "-report"), title="specrl bench step: AR vs EAGLE-3, sync vs async"
     )
     _plot(out.with_suffix(".png"), rows)
+
+
+def _shown(path: Path) -> str:
+    """A config path as a reader of the results can find it: relative to the repository
+    when it is inside it (the default example), else as given."""
+    try:
+        return str(path.resolve().relative_to(EXAMPLE.parents[1]))
+    except ValueError:
+        return str(path)
 
 
 def _plot(path: Path, rows: list[dict]) -> None:
