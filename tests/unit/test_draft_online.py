@@ -4,6 +4,8 @@ with its weights untouched, and never touches the policy that produced the featu
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -68,6 +70,7 @@ def test_online_training_learns_the_targets_rule_and_holds_batches_out(topk):
         trainer.submit(_batch(g, topk=topk))
     after = trainer.evaluate()
     assert len(after) == 3 and trainer.stats.steps == 100 and trainer.stats.policy_version == 3
+    assert trainer.stats.tokens == 100 * 16 * 9 and math.isfinite(trainer.stats.last_loss)
     assert max(before) < 0.4 and min(after) > 0.85, (before, after)  # measured: ~0.15 -> ~0.96-1.0
     assert acceptance_length(after) > 3.5  # 1 + three drafted tokens, nearly always accepted
 
@@ -106,6 +109,7 @@ def test_bad_batches_are_refused_and_the_head_keeps_its_weights():
         after = _state(trainer.head)
         assert all(torch.equal(good[k], after[k]) for k in good), f"refused, yet changed: {message}"
     assert trainer.stats.refused == len(cases) and trainer.stats.steps == 1
+    assert "non-finite" in trainer.stats.last_error and trainer.stats.tokens == 16 * 9
     assert trainer.submit(_batch(g)) and trainer.stats.steps == 2, "a good batch after bad ones still trains"
 
 

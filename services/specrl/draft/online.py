@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -42,7 +42,6 @@ class DraftStats:
     last_loss: float = math.nan
     last_error: str = ""
     policy_version: int = -1  # the newest policy version trained against
-    train_agreement: list[float] = field(default_factory=list)
 
 
 def acceptance_length(agreement: list[float]) -> float:
@@ -80,7 +79,7 @@ class OnlineDraftTrainer:
             return False
         c = self.cfg
         try:
-            loss, stats = ttt_update(
+            loss, _ = ttt_update(
                 self.head, self.opt, *tensors,
                 ttt_steps=c.ttt_steps, decay=c.loss_decay, max_grad_norm=c.max_grad_norm,
             )  # fmt: skip
@@ -92,7 +91,6 @@ class OnlineDraftTrainer:
         s.steps += 1
         s.tokens += int(tensors[3].sum())
         s.last_loss = loss
-        s.train_agreement = stats["top1_agreement"]
         s.policy_version = max(s.policy_version, batch.policy_version)
         return True
 
