@@ -119,3 +119,39 @@ def tiny_run_config(tmp_path, **orchestrator) -> dict:
         },
         "trainer": {"server": {"port": 0, "trainer": {"micro_batch_size": 16, "optim": {"lr": 1e-4}}}},
     }
+
+
+def system_run(root, name: str, *, method: str = "eagle3", adapt: bool = False, steps: int = 3) -> list[dict]:
+    """A short synchronous `specrl run`, every service a real process: 16 prompts x 8
+    samples per step at lr 3e-5, the same seeds and prompts whatever the speculation.
+    EAGLE-3 starts from the generic-init draft, frozen or (adapt) adapted online by the
+    draft-trainer on the trainer's captured features."""
+    from rich.console import Console
+
+    from specrl.config import RunConfig
+    from specrl.orchestrator.run import run
+
+    cfg = tiny_run_config(root, steps=steps, max_lag=0, concurrency=8)
+    cfg["name"] = name
+    cfg["data"]["prompts_per_step"] = 16
+    cfg["sampling"]["n"] = 8
+    trainer = cfg["trainer"]["server"]["trainer"]
+    trainer["optim"]["lr"] = 3e-5  # the demo's first steps: little drift in 3 steps
+    spec = cfg["rollout"]["server"]["speculation"]
+    if method == "none":
+        cfg["rollout"]["server"]["speculation"] = {"method": "none"}
+    else:
+        spec["draft"] = "zoo:eagle3-generic"
+    if adapt:
+        trainer["capture"] = {"enabled": True}
+        training = {"lr": 1e-3, "holdout_every": 5}
+        cfg["draft_trainer"] = {"enabled": True, "server": {"port": 0, "training": training}}
+    return run(RunConfig.model_validate(cfg), console=Console(quiet=True), metrics=False).records
+
+
+@pytest.fixture(scope="session")
+def adapted_run(servers, tmp_path_factory) -> list[dict]:
+    """EAGLE-3 from the generic-init draft with the draft-trainer adapting it, shared by
+    the system-level lossless test and the online-adaptation test."""
+    servers.close()  # two cores: no other engine while it runs
+    return system_run(tmp_path_factory.mktemp("adapted"), "adapted", adapt=True)

@@ -11,7 +11,14 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from specrl.config import ConfigError, RolloutServerConfig, RunConfig, TrainerServerConfig, load_config
+from specrl.config import (
+    ConfigError,
+    DraftTrainerServerConfig,
+    RolloutServerConfig,
+    RunConfig,
+    TrainerServerConfig,
+    load_config,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -108,6 +115,31 @@ def serve_trainer(
     from specrl.trainer.server import serve
 
     raise typer.Exit(serve(cfg, ready_file=str(ready_file) if ready_file else None))
+
+
+@serve_app.command("draft-trainer")
+def serve_draft_trainer(
+    config: Path = typer.Option(..., "--config", "-c", help="DraftTrainerServerConfig YAML."),
+    port: int = typer.Option(None, help="Override the config's port (0: any free port)."),
+    ready_file: Path = typer.Option(None, help="Write the bound port here once serving."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Adapt the EAGLE-3 draft on the trainer's captured features and publish it to the
+    rollout servers (PushDraft) over gRPC."""
+    overrides = {} if port is None else {"port": port}
+    try:
+        cfg = load_config(config, DraftTrainerServerConfig, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    _logging(verbose)
+    from specrl.draft.server import serve
+    from specrl.draft.service import DraftConfigError
+
+    try:
+        code = serve(cfg, ready_file=str(ready_file) if ready_file else None)
+    except DraftConfigError as e:
+        _fail(str(e))
+    raise typer.Exit(code)
 
 
 def _overrides(items: list[str]) -> dict:

@@ -254,6 +254,39 @@ class TrainerServerConfig(StrictModel):
         return self
 
 
+class DraftTrainerServerConfig(StrictModel):
+    """`specrl serve draft-trainer`: adapts an EAGLE-3 draft on the trainer's captured
+    features and publishes it to the rollout servers (docs/draft.md)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(50071, ge=0, le=65535)  # 0 picks a free port
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    # host:port of the trainer whose captures it reads (`specrl run` fills it in).
+    trainer: str | None = None
+    # The draft to start from (path or zoo:NAME; `specrl run`: the rollout servers' draft).
+    draft: str | None = None
+    # The target whose embedding the draft shares and whose shape it must match; None:
+    # the model the trainer reports serving.
+    target: str | None = None
+    training: DraftTrainingConfig = DraftTrainingConfig()
+    # Publish at most once per this many policy versions trained against ...
+    publish_every: int = Field(1, ge=1)
+    # ... and only a draft whose held-out acceptance estimate is at least the published
+    # draft's (both on the same held-out batches) minus this: adaptation never replaces a
+    # strong draft by a worse one.
+    publish_tolerance: float = Field(0.0, ge=0)
+    # Every published draft is also written here (config.json + model.safetensors, the
+    # layout vLLM loads); None: not written.
+    save_dir: str | None = None
+    weight_sync: WeightSenderConfig = WeightSenderConfig(kind="draft")
+
+    @model_validator(mode="after")
+    def _draft_sender(self) -> DraftTrainerServerConfig:
+        if self.weight_sync.kind != "draft":
+            raise ValueError("weight_sync.kind must be 'draft' for the draft-trainer")
+        return self
+
+
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
@@ -411,6 +444,15 @@ class TrainerFleetConfig(StrictModel):
     server: TrainerServerConfig = TrainerServerConfig(port=0)
 
 
+class DraftTrainerFleetConfig(StrictModel):
+    """The draft-trainer: off, started by `specrl run` from `server` (its trainer and
+    draft filled in from the run), or already running at `address`."""
+
+    enabled: bool = False
+    address: str | None = None
+    server: DraftTrainerServerConfig = DraftTrainerServerConfig(port=0)
+
+
 class RunConfig(StrictModel):
     """`specrl run --config FILE`: the whole system on one machine, or the orchestrator
     against services running elsewhere."""
@@ -427,6 +469,7 @@ class RunConfig(StrictModel):
     redis: RedisConfig = RedisConfig()
     rollout: RolloutFleetConfig = RolloutFleetConfig()
     trainer: TrainerFleetConfig = TrainerFleetConfig()
+    draft_trainer: DraftTrainerFleetConfig = DraftTrainerFleetConfig()
 
     @model_validator(mode="after")
     def _agree(self) -> RunConfig:
@@ -449,7 +492,25 @@ class RunConfig(StrictModel):
         batch = self.data.prompts_per_step * self.sampling.n
         if local_trainer and batch % trainer.dp:
             raise ValueError(f"prompts_per_step x n ({batch}) must split across trainer dp ({trainer.dp})")
+        if self.draft_trainer.enabled:
+            self._check_draft_trainer()
         return self
+
+    def _check_draft_trainer(self) -> None:
+        spec = self.rollout.server.speculation
+        if not self.rollout.addresses and spec.method != "eagle3":
+            raise ValueError(
+                f"draft_trainer.enabled adapts an EAGLE-3 draft; rollout.server.speculation.method "
+                f"is {spec.method!r}"
+            )
+        if self.trainer.address is None and not self.trainer.server.trainer.capture.enabled:
+            raise ValueError(
+                "draft_trainer.enabled needs the trainer's features: set "
+                "trainer.server.trainer.capture.enabled: true"
+            )
+        d = self.draft_trainer
+        if d.address is None and self.rollout.addresses and not d.server.draft:
+            raise ValueError("draft_trainer.server.draft is required when the rollout servers run elsewhere")
 
     @property
     def run_dir(self) -> Path:

@@ -39,6 +39,12 @@ def _write(tmp_path, text: str, name: str = "run.yaml"):
         ("rollout: {replicas: 1, addresses: ['a:1']}", "not both"),
         ("data: {prompts_per_step: 3}\nsampling: {n: 3}\ntrainer: {server: {trainer: {dp: 2}}}",
          "must split across trainer dp"),
+        ("draft_trainer: {enabled: true}\nrollout: {server: {speculation: {method: eagle3, draft: d}}}",
+         "capture.enabled: true"),
+        ("draft_trainer: {enabled: true}\nrollout: {server: {speculation: {method: ngram}}}",
+         "adapts an EAGLE-3 draft"),
+        ("draft_trainer: {server: {weight_sync: {kind: policy}}}", "must be 'draft'"),
+        ("draft_trainer: {server: {publish_every: 0}}", "publish_every"),
     ],
 )  # fmt: skip
 def test_bad_run_configs_name_the_field(tmp_path, yaml_text, message):

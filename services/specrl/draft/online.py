@@ -95,22 +95,24 @@ class OnlineDraftTrainer:
         return True
 
     @torch.no_grad()
-    def evaluate(self) -> list[float]:
+    def evaluate(self, head: Eagle3Head | None = None) -> list[float]:
         """Top-1 agreement per draft position on the held-out batches, token-weighted
-        (empty before the first batch is held out)."""
+        (empty before the first batch is held out), of the head being trained or of
+        another `head` (e.g. the draft published earlier)."""
         if not self.holdout:
             return []
-        self.head.eval()
+        was_training = (head or self.head).training
+        head = (head or self.head).eval()
         sums: list[float] = []
         weight = 0.0
         for aux, ids, target, mask in self.holdout:
-            logits = self.head.ttt_forward(aux, ids, self.cfg.ttt_steps)
+            logits = head.ttt_forward(aux, ids, self.cfg.ttt_steps)
             _, stats = ttt_loss(logits, target, mask, decay=self.cfg.loss_decay)
             w = float(mask.sum())
             agree = stats["top1_agreement"]
             sums = [x + w * a for x, a in zip(sums, agree)] if sums else [w * a for a in agree]
             weight += w
-        self.head.train()
+        head.train(was_training)
         return [x / max(weight, 1.0) for x in sums]
 
     def _refuse(self, e: DraftInputError) -> None:

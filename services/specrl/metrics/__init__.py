@@ -203,6 +203,41 @@ class TrainerMetrics:
         )
 
 
+class DraftMetrics:
+    """The draft-trainer's metrics (`specrl_draft_*`). Its held-out estimate of the
+    acceptance length sits next to the one the rollout servers measure
+    (`specrl_rollout_spec_*`, `specrl_step_acceptance_length`)."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        r = registry
+        self.steps = Counter("specrl_draft_steps", "Draft optimizer steps taken", registry=r)
+        self.tokens = Counter("specrl_draft_tokens", "Captured tokens the draft trained on", registry=r)
+        self.refused = Counter(
+            "specrl_draft_refused_batches", "Captured batches refused (bad shape, NaN, ...)", registry=r
+        )
+        self.loss = Gauge("specrl_draft_loss", "Training-time-test loss of the last step", registry=r)
+        self.agreement = Gauge(
+            "specrl_draft_heldout_agreement",
+            "Held-out top-1 agreement with the target per draft position",
+            ["position"],
+            registry=r,
+        )
+        self.acceptance_estimate = Gauge(
+            "specrl_draft_acceptance_length_estimate",
+            "Acceptance length implied by the held-out agreement of the draft last evaluated",
+            registry=r,
+        )
+        self.policy_version = Gauge(
+            "specrl_draft_policy_version", "Newest policy version the draft trained against", registry=r
+        )
+        self.published_version = Gauge(
+            "specrl_draft_published_version", "Draft version last published", registry=r
+        )
+        self.held_back = Counter(
+            "specrl_draft_held_back", "Due publishes held back (draft judged worse)", registry=r
+        )
+
+
 STAGES = ("data", "prepare", "gen", "exposed_generation", "reward", "logprob", "train", "checkpoint", "other")
 
 

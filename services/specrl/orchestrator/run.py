@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specrl.config import ZOO_SCHEME, RunConfig
+from specrl.draft.client import DraftTrainerClient
 from specrl.metrics import OrchestratorMetrics
 from specrl.orchestrator.data import PromptSource
 from specrl.orchestrator.loop import GenerationStalled, Orchestrator
@@ -32,7 +33,7 @@ log = logging.getLogger("specrl.run")
 # What a run writes into its directory: all that --fresh removes (never anything else
 # that may live in a user-chosen output_dir).
 RUN_FILES = ("config.json", "steps.jsonl", "summary.json", "report.md", "report.png")
-RUN_DIRS = ("checkpoint", "checkpoint.partial", "checkpoint.old", "logs", "redis")
+RUN_DIRS = ("checkpoint", "checkpoint.partial", "checkpoint.old", "draft", "logs", "redis")
 
 
 class RunExists(RuntimeError):
@@ -122,12 +123,13 @@ def run(
 
         build_zoo(console=console)  # cached after the first time (minutes)
     start_from = checkpoint.find(run_dir / "checkpoint") if resume else None
-    with console.status("starting services (Redis, rollout replicas, trainer)"):
+    with console.status("starting services (Redis, rollout replicas, trainer, draft-trainer)"):
         system = System(cfg, run_dir, resume_from=start_from).start()
     try:
+        draft_trainer = f", draft-trainer {system.draft_address}" if system.draft_address else ""
         console.print(
-            f"[green]services up[/green]: rollout {system.replicas}, trainer {system.trainer_address}, "
-            f"redis {system.redis_url}"
+            f"[green]services up[/green]: rollout {system.replicas}, trainer {system.trainer_address}"
+            f"{draft_trainer}, redis {system.redis_url}"
         )
         return _loop(cfg, system, run_dir, console, registry, fresh=fresh, resume=resume)
     except (grpc.RpcError, redis.exceptions.ConnectionError, GenerationStalled, ServiceDied) as e:
@@ -173,6 +175,7 @@ def _loop(
         position=int(streams.get_state().get("data_position", 0)),
     )
     steps = cfg.orchestrator.steps
+    draft = DraftTrainerClient(system.draft_address) if system.draft_address else None
     with (
         TrainerClient(system.trainer_address) as trainer,
         Progress(
@@ -201,8 +204,13 @@ def _loop(
             on_step=on_step,
             checkpoint_dir=run_dir / "checkpoint",
             check_alive=system.check_alive,
+            draft=draft,
         )
-        records = earlier + orchestrator.run()
+        try:
+            records = earlier + orchestrator.run()
+        finally:
+            if draft is not None:
+                draft.close()
         saved = orchestrator.checkpoint or str(checkpoint.find(run_dir / "checkpoint"))
     if source.skipped:
         console.print(f"[yellow]skipped dataset rows[/yellow]: {dict(source.skipped)}")

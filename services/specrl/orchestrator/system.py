@@ -1,6 +1,7 @@
 """The services a run needs, on this machine or elsewhere: a Redis server (started here
-when no `redis.url` is configured), rollout replicas and trainer ranks (started here as
-child processes from their configs, or reached at configured addresses). Everything
+when no `redis.url` is configured), rollout replicas, trainer ranks and the optional
+draft-trainer (started here as child processes from their configs, or reached at
+configured addresses). Everything
 started here is tracked by pid and stopped on exit, and a service that fails to start
 stops the others and reports its log tail."""
 
@@ -51,9 +52,12 @@ class System:
         self.redis: RedisServer | None = None
         self.rollout: list[ServiceProcess] = []
         self.trainer: list[ServiceProcess] = []
+        self.draft_trainer: ServiceProcess | None = None
         self.redis_url = cfg.redis.url or ""
         self.replicas: list[str] = list(cfg.rollout.addresses)
         self.trainer_address = cfg.trainer.address or ""
+        self.draft_address = cfg.draft_trainer.address or ""
+        self.run_dir = run_dir
         self._max_restarts = cfg.rollout.max_restarts
         self._restarts: Counter[str] = Counter()
 
@@ -72,6 +76,8 @@ class System:
             check_reachable(address, "rollout server")
         if cfg.trainer.address:
             check_reachable(cfg.trainer.address, "trainer")
+        if cfg.draft_trainer.enabled and cfg.draft_trainer.address:
+            check_reachable(cfg.draft_trainer.address, "draft-trainer")
         if not cfg.redis.url:
             self.redis = RedisServer(self.redis_dir, aof=cfg.redis.aof).start()
             self.redis_url = self.redis.url
@@ -105,6 +111,30 @@ class System:
         self.replicas += [p.address for p in self.rollout]
         if self.trainer:
             self.trainer_address = self.trainer[0].address
+        if cfg.draft_trainer.enabled and not cfg.draft_trainer.address:
+            self._start_draft_trainer()
+
+    def _start_draft_trainer(self) -> None:
+        """After the trainer is up (it reads the trainer's captures): the rollout servers'
+        draft, adapted, published drafts saved in the run directory (a resumed run's
+        draft-trainer starts from the last one)."""
+        cfg = self.cfg
+        server = cfg.draft_trainer.server
+        fill = {
+            "trainer": self.trainer_address,
+            "draft": server.draft or cfg.rollout.server.speculation.draft,
+            "save_dir": server.save_dir or str((self.run_dir / "draft").resolve()),
+        }
+        if not cfg.trainer.address and server.target is None:
+            fill["target"] = cfg.trainer.server.trainer.model
+        self.draft_trainer = ServiceProcess(
+            server.model_copy(update=fill), service="draft-trainer", log_path=self.logs / "draft-trainer.log"
+        )
+        try:
+            self.draft_trainer.start()
+        except ServerDied as e:
+            raise StartupError(str(e)) from None
+        self.draft_address = self.draft_trainer.address
 
     def check_alive(self) -> None:
         """Start a dead rollout server again on its address while it has restarts left
@@ -121,6 +151,8 @@ class System:
                 )  # fmt: skip
                 p.start(wait=False)
         named = [(f"trainer rank {i}", p.proc, p.log_tail) for i, p in enumerate(self.trainer)]
+        if self.draft_trainer is not None:
+            named.append(("draft-trainer", self.draft_trainer.proc, self.draft_trainer.log_tail))
         named += [(f"rollout server {p.address}", p.proc, p.log_tail) for p in self.rollout]
         if self.redis is not None:
             named.append(("redis", self.redis.proc, self.redis.log_tail))
@@ -129,7 +161,7 @@ class System:
                 raise ServiceDied(f"{what} exited with {proc.returncode}; log tail:\n{tail()}")
 
     def stop(self) -> None:
-        for p in [*self.trainer, *self.rollout]:
+        for p in [*([self.draft_trainer] if self.draft_trainer else []), *self.trainer, *self.rollout]:
             p.stop()
         if self.redis is not None:
             self.redis.stop()

@@ -24,6 +24,25 @@ def to_proto(r: Rollout) -> pb.RolloutSample:
     )
 
 
+class CaptureStream:
+    """An iterator over StreamCaptures that another thread may cancel (the draft-trainer
+    stopping while it waits for the next batch)."""
+
+    def __init__(self, call) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[Captured]:
+        return self
+
+    def __next__(self) -> Captured:
+        m = next(self._call)
+        ids = tuple(m.aux_layer_ids)
+        return Captured.decode(m.tensors, policy_version=m.policy_version, aux_layer_ids=ids)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
 class TrainerClient:
     def __init__(self, address: str, *, timeout: float = 3600.0) -> None:
         self.address = address
@@ -50,16 +69,10 @@ class TrainerClient:
     def save(self, path: str) -> pb.SaveCheckpointResponse:
         return self.stub.SaveCheckpoint(pb.SaveCheckpointRequest(path=path), timeout=self.timeout)
 
-    def captures(self, max_batches: int = 0) -> Iterator[Captured]:
+    def captures(self, max_batches: int = 0) -> CaptureStream:
         """The trainer's captured batches as its logprob passes produce them (blocks
-        between them; 0: until the caller stops iterating)."""
-        stream = self.stub.StreamCaptures(pb.StreamCapturesRequest(max_batches=max_batches))
-        try:
-            for m in stream:
-                ids = tuple(m.aux_layer_ids)
-                yield Captured.decode(m.tensors, policy_version=m.policy_version, aux_layer_ids=ids)
-        finally:
-            stream.cancel()
+        between them; 0: until cancelled)."""
+        return CaptureStream(self.stub.StreamCaptures(pb.StreamCapturesRequest(max_batches=max_batches)))
 
     def status(self) -> pb.TrainerStatus:
         return self.stub.GetStatus(pb.GetTrainerStatusRequest(), timeout=30)

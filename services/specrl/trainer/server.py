@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import logging
 import queue
-import signal
 import threading
 import time
-from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from specrl import grpc_options, shutdown
+from specrl import serving
 from specrl.config import TrainerServerConfig, resolve_model_path
 from specrl.trainer import checkpoint
 from specrl.trainer.batch import BatchError, Rollout
@@ -157,17 +154,12 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> int:
         return 0
     if cfg.metrics_port is not None:
         log.info("metrics on :%d/metrics", metrics.serve(cfg.metrics_port))
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=8),
-        options=grpc_options.OPTIONS,
+    server, port = serving.start(
+        lambda s: pb_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(core), s),
+        SERVICE_NAME,
+        cfg.host,
+        cfg.port,
     )
-    pb_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(core), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
-    server.start()
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
         "trainer on %s:%d (model %s, tp=%d dp=%d)",
         cfg.host,
@@ -176,16 +168,9 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> int:
         cfg.trainer.tp,
         cfg.trainer.dp,
     )
-    if ready_file:
-        with open(ready_file, "w") as f:
-            f.write(str(port))
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    log.info("shutting down")
-    shutdown.exit_after()
-    server.stop(grace=5).wait()
+    serving.report_ready(ready_file, port)
+    serving.wait_for_stop(server)
+    log.info("stopped serving")
     core.stop()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -1,0 +1,53 @@
+"""The life of a synchronous gRPC service process (trainer rank 0, draft-trainer): bind
+and start with gRPC health serving, report the bound port to whoever started it, wait for
+SIGINT/SIGTERM, then stop under the shutdown deadline."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from specrl import grpc_options, shutdown
+
+
+def start(
+    add_servicer: Callable[[grpc.Server], None],
+    service_name: str,
+    host: str,
+    port: int,
+    *,
+    workers: int = 8,
+) -> tuple[grpc.Server, int]:
+    """Bind (port 0 picks a free one), start, mark SERVING; returns server and bound port."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=grpc_options.OPTIONS)
+    add_servicer(server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    server.start()
+    for name in ("", service_name):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound
+
+
+def report_ready(ready_file: str | None, port: int) -> None:
+    """Tell the launcher (specrl.launcher.ServiceProcess) the bound port."""
+    if ready_file:
+        with open(ready_file, "w") as f:
+            f.write(str(port))
+
+
+def wait_for_stop(server: grpc.Server) -> None:
+    """Block until SIGINT/SIGTERM, then stop `server` (the process exits within the
+    shutdown deadline whatever the caller's cleanup does)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    shutdown.exit_after()
+    server.stop(grace=5).wait()
