@@ -13,11 +13,13 @@ from rich.console import Console
 
 from specrl.config import (
     ConfigError,
+    DraftInitConfig,
     DraftTrainerServerConfig,
     RolloutServerConfig,
     RunConfig,
     TrainerServerConfig,
     load_config,
+    validate,
 )
 
 app = typer.Typer(
@@ -27,10 +29,12 @@ app = typer.Typer(
 )
 zoo_app = typer.Typer(no_args_is_help=True, help="The tiny deterministic model zoo (CPU testbed).")
 serve_app = typer.Typer(no_args_is_help=True, help="Run a specrl service.")
+draft_app = typer.Typer(no_args_is_help=True, help="EAGLE-3 drafts: offline initialization.")
 verify_app = typer.Typer(no_args_is_help=True, help="Statistical checks against a running server.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON + PNG outputs).")
 app.add_typer(zoo_app, name="zoo")
 app.add_typer(serve_app, name="serve")
+app.add_typer(draft_app, name="draft")
 app.add_typer(verify_app, name="verify")
 app.add_typer(bench_app, name="bench")
 
@@ -181,6 +185,54 @@ def run_command(
         _fail(str(e))
 
 
+@draft_app.command("init")
+def draft_init(
+    target: str = typer.Option(..., help="Target model: path, hub id in the local cache, or zoo:NAME."),
+    out: Path = typer.Option(..., help="Directory to write the draft to (the layout vLLM loads)."),
+    data: str = typer.Option("task", help="Prompts: 'task' (the zoo task) or a {prompt, answer} file."),
+    start_from: str = typer.Option(
+        None, "--from", help="An EAGLE-3 draft to continue from (default: fresh)."
+    ),
+    prompts: int = typer.Option(512, help="Prompts to sample the target on."),
+    steps: int = typer.Option(300, help="Training steps."),
+    server: str = typer.Option(None, help="A running rollout server of the target (default: start one)."),
+    set_: list[str] = typer.Option([], "--set", help="Any other DraftInitConfig field: --set lr=3e-4."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Initialize an EAGLE-3 draft offline on the target's own rollouts of the task."""
+    fields = {"target": target, "out": str(out), "data": {"source": data}, "prompts": prompts, "steps": steps}
+    fields |= {"start_from": start_from, "server": server}
+    try:
+        cfg = validate(fields, DraftInitConfig, "specrl draft init", _overrides(set_))
+    except ConfigError as e:
+        _fail(str(e))
+    _logging(verbose)
+    from rich.progress import Progress
+
+    from specrl.draft.init import init_draft
+    from specrl.draft.service import DraftConfigError
+    from specrl.orchestrator.data import DataError
+
+    with Progress(console=console) as bars:
+        tasks: dict[str, object] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bars.add_task(phase, total=total)
+            bars.update(tasks[phase], completed=done)
+
+        try:
+            record = init_draft(cfg, progress)
+        except (DraftConfigError, DataError) as e:
+            _fail(str(e))
+    before, after = record["acceptance_estimate_before"], record["acceptance_estimate_after"]
+    agree = "/".join(f"{a:.2f}" for a in record["heldout_agreement_after"])
+    console.print(
+        f"[green]draft written to {out}[/green]: held-out top-1 agreement {agree}, acceptance estimate "
+        f"{before:.2f} -> {after:.2f} ({record['rollouts']} rollouts, {record['seconds']:.0f} s)"
+    )
+
+
 @verify_app.command("lossless")
 def verify_lossless(
     address: str = typer.Option("127.0.0.1:50051", help="Rollout server host:port."),
@@ -216,6 +268,27 @@ def bench_rollout(
         concurrency=[int(c) for c in concurrency.split(",")],
         ks=[int(k) for k in ks.split(",")],
         quick=quick,
+        console=console,
+    )
+
+
+@bench_app.command("draft")
+def bench_draft(
+    out: Path = typer.Option(Path("docs/bench/draft.json"), help="JSON output (Markdown and PNG beside)."),
+    steps: int = typer.Option(6, min=1, help="RL steps with online adaptation before measuring."),
+    ks: str = typer.Option("3,5,7", help="Comma-separated draft lengths."),
+    concurrency: str = typer.Option("1,4", help="Comma-separated concurrency levels."),
+    prompts: int = typer.Option(32, min=8, help="Prompts per concurrency level."),
+) -> None:
+    """Draft init (domain, generic) x k x online adaptation (off, on after an RL run) and n-gram."""
+    from specrl.bench.draft import run_draft_bench
+
+    run_draft_bench(
+        out,
+        steps=steps,
+        ks=[int(k) for k in ks.split(",")],
+        concurrency=[int(c) for c in concurrency.split(",")],
+        prompts_per_level=prompts,
         console=console,
     )
 

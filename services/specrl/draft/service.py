@@ -35,8 +35,6 @@ from specrl.draft.eagle3 import Eagle3Config, Eagle3Head
 from specrl.draft.online import DraftInputError, OnlineDraftTrainer, acceptance_length
 from specrl.metrics import DraftMetrics, WeightSenderMetrics
 from specrl.trainer.client import CaptureStream, TrainerClient
-from specrl.v1 import rollout_pb2 as rpb
-from specrl.v1 import rollout_pb2_grpc as rpb_grpc
 from specrl.weightsync.names import checkpoint_dir
 from specrl.weightsync.sender import WeightSender, WeightSyncError
 
@@ -198,37 +196,19 @@ class DraftTrainerCore:
             return out
 
     def _membership(self, replicas: Sequence[str]) -> None:
-        """Members follow `replicas`; a member that serves another draft version than the
-        one published (a rollout server started again on its address) rejoins, which
-        catches it up."""
+        """Members follow `replicas`; a member that no longer serves the published draft
+        (a rollout server started again on its address) and new replicas join, caught up
+        to it."""
         sender = self.sender
         for gone in set(sender.members) - set(replicas):
             sender.remove_replica(gone)
-        served = self._served(replicas)
-        if sender.version is not None:
-            for address in replicas:
-                if address in sender.members and served.get(address) != sender.version:
-                    sender.remove_replica(address)
+        sender.drop_behind()
         for address in replicas:
-            if address not in sender.members and address in served:
+            if address not in sender.members:
                 try:
                     sender.add_replica(address)
                 except (WeightSyncError, grpc.RpcError) as e:
-                    log.error("draft: could not catch %s up: %s", address, e)
-
-    def _served(self, replicas: Sequence[str]) -> dict[str, int]:
-        """Draft version each reachable replica serves."""
-        out = {}
-        for address in replicas:
-            with grpc.insecure_channel(address) as channel:
-                stub = rpb_grpc.RolloutServiceStub(channel)
-                try:
-                    st = stub.GetStatus(rpb.GetStatusRequest(), timeout=self.cfg.weight_sync.rpc_timeout_s)
-                except grpc.RpcError as e:
-                    log.warning("draft: %s unreachable (%s)", address, e.code().name)
-                    continue
-                out[address] = st.weight_sync.draft_version
-        return out
+                    log.error("draft: could not add %s: %s", address, e)
 
     def _publish_if_due(self) -> DraftPush:
         pub = self.published
@@ -281,7 +261,7 @@ class DraftTrainerCore:
         return out
 
     def _newest_served(self) -> int:
-        return max(self._served(list(self.sender.members)).values(), default=0)
+        return max(self.sender.served(list(self.sender.members)).values(), default=0)
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of the head's weights under its own names (the sender translates them)."""

@@ -115,6 +115,7 @@ class TrainerCore:
         out = PushOutcome(version)
         for gone in set(sender.members) - set(replicas):
             sender.remove_replica(gone)
+        sender.drop_behind()  # joins again below, caught up
         newer = bool(sender.members) and sender.version is not None and version > sender.version
         joining = [a for a in replicas if a not in sender.members]
         if not newer and not joining and sender.version == version:

