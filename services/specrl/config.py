@@ -49,6 +49,12 @@ class SpeculationConfig(StrictModel):
     # n-gram lookup window over the prompt + output so far (method ngram only).
     prompt_lookup_min: int = Field(2, ge=1)
     prompt_lookup_max: int = Field(5, ge=1)
+    # Draft length by engine batch size (vLLM's dynamic speculative decoding): entries
+    # (first batch size, last batch size, k), inclusive, the first starting at 1, each k
+    # at most num_speculative_tokens (the maximum the engine is built for); 0 turns
+    # speculation off for that range (e.g. at high concurrency, where verifying drafts
+    # costs more than it saves). None: num_speculative_tokens at every batch size.
+    k_schedule: tuple[tuple[int, int, int], ...] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> SpeculationConfig:
@@ -59,7 +65,26 @@ class SpeculationConfig(StrictModel):
             raise ValueError(f"speculation.draft has no effect with method {self.method!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("speculation.prompt_lookup_min must be <= prompt_lookup_max")
+        if self.k_schedule is not None:
+            self._check_schedule(self.k_schedule)
         return self
+
+    def _check_schedule(self, schedule: tuple[tuple[int, int, int], ...]) -> None:
+        if not self.enabled:
+            raise ValueError("speculation.k_schedule needs a speculation method")
+        previous = 0
+        for first, last, k in schedule:
+            if first != previous + 1 or last < first:
+                raise ValueError(
+                    f"speculation.k_schedule: ranges must start at batch size 1 and follow each "
+                    f"other without gaps or overlaps; got ({first}, {last}) after {previous}"
+                )
+            if not 0 <= k <= self.num_speculative_tokens:
+                raise ValueError(
+                    f"speculation.k_schedule: k={k} outside [0, num_speculative_tokens="
+                    f"{self.num_speculative_tokens}]"
+                )
+            previous = last
 
     @property
     def enabled(self) -> bool:

@@ -59,8 +59,7 @@ def test_online_adaptation_lifts_the_generic_draft_above_the_same_draft_frozen(z
         with torch.no_grad():
             out = target(input_ids=ids, attention_mask=attn, output_hidden_states=True)
         logprobs = torch.log_softmax(out.logits[:, :-1].float(), -1)
-        capturer.take(out.hidden_states, logprobs, ids, attn, mask[:, :-1], policy_version=b)
-        batch = capturer.queue.get()
+        batch = capturer.capture(out.hidden_states, logprobs, ids, attn, mask[:, :-1], policy_version=b)
         if not adapted.submit(batch):
             frozen.holdout.append(adapted.holdout[-1])  # the same held-out batches for both
 

@@ -158,8 +158,11 @@ def _captured_batches(n: int) -> list:
         ids, attn, mask = pad([r.prompt_ids + r.completion_ids for r in rs], masks, 0)
         with torch.no_grad():
             o = target(input_ids=ids, attention_mask=attn, output_hidden_states=True)
-        capturer.take(o.hidden_states, torch.log_softmax(o.logits[:, :-1], -1), ids, attn, mask[:, :-1], b)
-        out.append(capturer.queue.get())
+        out.append(
+            capturer.capture(
+                o.hidden_states, torch.log_softmax(o.logits[:, :-1], -1), ids, attn, mask[:, :-1], b
+            )
+        )
     return out
 
 

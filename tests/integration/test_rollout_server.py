@@ -149,3 +149,43 @@ def test_verify_lossless_command_against_the_running_server(eagle, tmp_path):
     report = json.loads(out.read_text())
     assert report["passed"] and report["speculation"] == "eagle3" and report["k"] == 3
     assert len(report["checks"]) == 3 and all(0 < c["power_at_tv_0.05"] <= 1 for c in report["checks"])
+
+
+def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(servers):
+    """speculation.k_schedule (vLLM's dynamic speculative decoding): k=3 for one sequence,
+    speculation off for 2-8, k=1 above; each sample's draft tokens per verification step
+    show which k its engine steps used, and the server's samples at k=1 (the verify
+    command's batch of 128) still follow the exact target distribution."""
+    from specrl.config import RolloutServerConfig
+    from specrl.stats.lossless import verify_server
+
+    cfg = RolloutServerConfig.model_validate(
+        {
+            "port": 0,
+            "engine": {"model": "zoo:target", "dtype": "float32"},
+            "speculation": {
+                "method": "eagle3",
+                "num_speculative_tokens": 3,
+                "draft": "zoo:eagle3-domain",
+                "k_schedule": [[1, 1, 3], [2, 8, 0], [9, 128, 1]],
+            },
+        }
+    )
+    proc = servers.get(cfg)
+    prompt = task.take(1, seed=11, split="test", max_operand=20, max_terms=3)[0].prompt
+    with RolloutClient(proc.address) as c:
+        one = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0].acceptance
+        assert one.drafts > 0 and one.draft_tokens == 3 * one.drafts
+        # n > 1 fans out into requests the engine admits over its first steps, so a step
+        # or two may run at a smaller batch size: counted over all samples
+        four = [
+            s.acceptance for s in c.generate([prompt], n=4, max_tokens=24, ignore_eos=True, seed=2).samples
+        ]
+        assert sum(a.drafts for a in four) <= 2, four  # of 4 x 23 steps: speculation off
+        many = [
+            s.acceptance for s in c.generate([prompt], n=16, max_tokens=24, ignore_eos=True, seed=3).samples
+        ]
+        drafts, draft_tokens = sum(a.drafts for a in many), sum(a.draft_tokens for a in many)
+        assert drafts > 16 * 10 and draft_tokens <= drafts + 6, (drafts, draft_tokens)  # k=1
+    report = verify_server(proc.address, model=None, samples=2000, alpha=1e-3)
+    assert report["passed"], report

@@ -122,9 +122,10 @@ def test_train_steps_inline_and_by_reference(trainer, tmp_path):
 
 
 def test_captured_features_stream_out_as_the_policy_computed_them(trainer):
-    """The first TrainStep's logprob pass captured rank 0's share of the batch (two
-    micro-batches of policy v0); StreamCaptures hands them out, and they are what an
-    independent forward of the initial model gives."""
+    """The first TrainStep's logprob pass captured both DP ranks' shares of the batch
+    (two micro-batches of policy v0 each, gathered on rank 0); StreamCaptures hands all
+    of them out, every rollout once, and they are what an independent forward of the
+    initial model gives."""
     from transformers import AutoModelForCausalLM
 
     from specrl.draft.aux_layers import gather_aux_hidden_states
@@ -132,7 +133,11 @@ def test_captured_features_stream_out_as_the_policy_computed_them(trainer):
 
     ranks, _, model = trainer
     with TrainerClient(ranks[0].address) as client:
-        batches = list(client.captures(max_batches=2))
+        batches = list(client.captures(max_batches=4))
+    rows = [
+        c.input_ids[i][c.attention_mask[i].bool()].tolist() for c in batches for i in range(len(c.input_ids))
+    ]
+    assert sorted(rows) == sorted(r.prompt_ids + r.completion_ids for r in tiny_rollouts(seed=3))
     policy = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
     for c in batches:
         assert c.policy_version == 0 and c.aux_layer_ids == (0, 1) and c.target_ids is None

@@ -31,6 +31,10 @@ def test_defaults_and_overrides(tmp_path):
         ("speculation: {method: ngram, draft: x}", "no effect"),
         ("engine: {modle: x}", "engine.modle"),
         ("port: -1", "port"),
+        ("speculation: {method: ngram, k_schedule: [[2, 4, 3]]}", "must start at batch size 1"),
+        ("speculation: {method: ngram, k_schedule: [[1, 4, 3], [6, 8, 1]]}", "without gaps"),
+        ("speculation: {method: ngram, num_speculative_tokens: 3, k_schedule: [[1, 4, 5]]}", "k=5 outside"),
+        ("speculation: {k_schedule: [[1, 4, 0]]}", "needs a speculation method"),
     ],
 )
 def test_bad_configs_name_the_field(tmp_path, text, field):

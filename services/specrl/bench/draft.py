@@ -147,15 +147,26 @@ def run_draft_bench(
                 for r in result.records
             ]
             policy = str(Path(result.checkpoint) / "hf")
-            adapted = str(result.run_dir / "draft")
+            adapted = result.run_dir / "draft"
+            published = (adapted / "config.json").is_file()
             cells = [("ar", "none", "", 0)]
             for k in ks:
-                cells += [("frozen", "eagle3", f"zoo:{init}", k), ("adapted", "eagle3", adapted, k)]
+                cells.append(("frozen", "eagle3", f"zoo:{init}", k))
+                if published:
+                    cells.append(("adapted", "eagle3", str(adapted), k))
             if init == "eagle3-generic":
                 cells.append(("-", "ngram", "", 3))
             cells.append(("ar", "none", "", 0))
             for cell in cells:
                 rows += _measure(init, policy, cell, prompts, concurrency, console)
+            if not published:  # the run served the initial draft throughout: adapted is frozen
+                console.print(f"  {init}: every adapted draft was held back; adapted = frozen")
+                held = "no draft published: every candidate was held back"
+                rows += [
+                    r | {"draft": "adapted", "note": held}
+                    for r in rows
+                    if (r["init"], r["draft"]) == (init, "frozen")
+                ]
             _write(out, rows, runs, steps)
     print_table(rows, TABLE_COLUMNS, "draft benchmark", console)
     console.print(paper_table(rows, ks, concurrency[0]))

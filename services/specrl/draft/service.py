@@ -18,6 +18,7 @@ kept; a failed publish leaves every replica on its last good draft.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -116,7 +117,7 @@ class DraftTrainerCore:
         self.cfg = cfg
         self.metrics = metrics
         self.trainer = TrainerClient(cfg.trainer, timeout=60)
-        self.target = cfg.target or self.trainer.status().model
+        self.target = cfg.target or self._trainer_model()
         resumed = self._saved()
         head = load_head(cfg.save_dir if resumed else cfg.draft, self.target)
         self._scratch = copy.deepcopy(head).eval()  # holds the published draft for comparison
@@ -143,6 +144,15 @@ class DraftTrainerCore:
             cfg.draft, self.target, list(head.cfg.aux_layer_ids), cfg.trainer,
         )  # fmt: skip
 
+    def _trainer_model(self) -> str:
+        try:
+            return self.trainer.status().model
+        except grpc.RpcError as e:
+            raise DraftConfigError(
+                f"the trainer at {self.cfg.trainer} does not answer ({e.code().name}) to say which target "
+                "it trains; start it first or give `target`"
+            ) from None
+
     # -- training -----------------------------------------------------------------
 
     def start(self) -> DraftTrainerCore:
@@ -166,15 +176,22 @@ class DraftTrainerCore:
                 self.streaming, self.detail = False, f"capture stream: {e.code().name}: {e.details()}"
                 log.warning("%s; retrying in %.0f s", self.detail, RETRY_S)
                 self._stop.wait(RETRY_S)
+            except ValueError as e:  # a message that does not decode: skipped like a bad batch
+                self._refused(f"undecodable captured batch: {e}")
 
     def _train(self, batch) -> None:
         with self._lock:
             try:
                 trained = self.online.submit(batch)
-            except DraftInputError as e:
+            except DraftInputError as e:  # counted by the trainer core
                 log.error("captured batch of policy v%d refused: %s", batch.policy_version, e)
                 if self.metrics:
                     self.metrics.refused.inc()
+                return
+            except Exception as e:  # a failure the checks did not foresee must not stop training
+                log.exception("training on a batch of policy v%d failed", batch.policy_version)
+                self.online.opt.zero_grad(set_to_none=True)
+                self._refused(f"training failed: {type(e).__name__}: {e}", locked=True)
                 return
         if trained and self.metrics:
             s, m = self.online.stats, self.metrics
@@ -182,6 +199,14 @@ class DraftTrainerCore:
             m.tokens.inc(int(batch.loss_mask.sum()))
             m.loss.set(s.last_loss)
             m.policy_version.set(s.policy_version)
+
+    def _refused(self, reason: str, *, locked: bool = False) -> None:
+        log.error("%s", reason)
+        with contextlib.nullcontext() if locked else self._lock:
+            self.online.stats.refused += 1
+            self.online.stats.last_error = reason
+        if self.metrics:
+            self.metrics.refused.inc()
 
     # -- publishing ---------------------------------------------------------------
 

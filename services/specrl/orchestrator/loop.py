@@ -41,6 +41,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
+
 from specrl.config import RunConfig
 from specrl.draft.client import DraftTrainerClient
 from specrl.metrics import STAGES, OrchestratorMetrics
@@ -218,10 +220,21 @@ class Orchestrator:
                 self.generators.resume(replica)
         self.generators.min_version = max(0, push.version - self.cfg.orchestrator.max_lag)
         if self.draft is not None:
-            self._draft_push = self.draft.push_draft(self.replicas)
-            if self._draft_push.held_back:
-                log.info("draft held back: %s", self._draft_push.held_back)
+            self._push_draft()
         return push
+
+    def _push_draft(self) -> None:
+        """The draft-trainer's publish; a failed one leaves the replicas on their last good
+        draft and the run goes on (a dead draft-trainer is check_alive's to report)."""
+        assert self.draft is not None
+        try:
+            self._draft_push = self.draft.push_draft(self.replicas)
+        except grpc.RpcError as e:
+            log.error("draft push failed (%s: %s): the replicas keep their draft", e.code().name, e.details())
+            self._draft_push = None
+            return
+        if self._draft_push.held_back:
+            log.info("draft held back: %s", self._draft_push.held_back)
 
     # -- admission ------------------------------------------------------------------
 

@@ -85,7 +85,7 @@ class Capturer:
     def set_generator_state(self, state: torch.Tensor) -> None:
         self._gen.set_state(state)
 
-    def take(
+    def capture(
         self,
         hidden_states: tuple[torch.Tensor, ...],
         logprobs: torch.Tensor,
@@ -94,7 +94,8 @@ class Capturer:
         mask: torch.Tensor,
         policy_version: int,
     ) -> None:
-        """`logprobs` are the full next-token log-softmax [B, L-1, V] of the pass."""
+        """This micro-batch's features (for `queue`, after the DP ranks' are gathered);
+        `logprobs` are the full next-token log-softmax [B, L-1, V] of the pass."""
         keep = mask.cpu().clone()
         if self.cfg.token_fraction < 1:
             keep *= (torch.rand(keep.shape, generator=self._gen) < self.cfg.token_fraction).to(keep.dtype)
@@ -103,15 +104,13 @@ class Capturer:
         if self.cfg.topk is not None:
             lp, ids = lp.topk(self.cfg.topk, dim=-1)
             ids = ids.cpu()
-        self.queue.put(
-            Captured(
-                policy_version=policy_version,
-                input_ids=input_ids.cpu(),
-                attention_mask=attention_mask.cpu(),
-                loss_mask=keep,
-                aux=gather_aux_hidden_states(hidden_states, self.aux_layer_ids).cpu(),
-                target_logprobs=lp.cpu(),
-                target_ids=ids,
-                aux_layer_ids=self.aux_layer_ids,
-            )
+        return Captured(
+            policy_version=policy_version,
+            input_ids=input_ids.cpu(),
+            attention_mask=attention_mask.cpu(),
+            loss_mask=keep,
+            aux=gather_aux_hidden_states(hidden_states, self.aux_layer_ids).cpu(),
+            target_logprobs=lp.cpu(),
+            target_ids=ids,
+            aux_layer_ids=self.aux_layer_ids,
         )

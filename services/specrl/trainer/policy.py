@@ -21,7 +21,7 @@ from torch import nn
 from specrl.config import TrainerConfig, resolve_model_path
 from specrl.trainer import parallel
 from specrl.trainer.batch import TrainBatch
-from specrl.trainer.capture import Capturer
+from specrl.trainer.capture import Captured, Capturer
 from specrl.trainer.grpo import LossParts, group_advantages, grpo_token_loss
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -141,22 +141,39 @@ class Policy:
             raise ValueError("no reference policy (grpo.kl_coef is 0)")
         capturer = self.capturer if capture and not reference else None
         local, _ = self._local(batch.to(self.device))
-        parts = []
+        parts, taken = [], []
         for s in self._micro(local.size):
             mb = local.rows(s)
             f = forward(model, mb, hidden_states=capturer is not None)
             if capturer is not None:
                 assert f.hidden_states is not None
-                capturer.take(
-                    f.hidden_states, f.logp, mb.input_ids, mb.attention_mask, mb.mask, self.step_count
+                taken.append(
+                    capturer.capture(
+                        f.hidden_states, f.logp, mb.input_ids, mb.attention_mask, mb.mask, self.step_count
+                    )
                 )
             parts.append(f.tokens)
+        if capturer is not None:
+            for c in self._gather_captures(taken):
+                capturer.queue.put(c)
         out = torch.cat(parts)
         if self.dp_size > 1:
             gathered = [torch.empty_like(out) for _ in range(self.dp_size)]
             dist.all_gather(gathered, out, group=self.dp_group)
             out = torch.cat(gathered)
         return out
+
+    def _gather_captures(self, taken: list[Captured]) -> list[Captured]:
+        """Every DP rank's captured micro-batches, in rank order, on DP rank 0 (the one
+        that serves them to the draft-trainer); an empty list on the others. Only the
+        TP-rank-0 ranks capture, and the DP group of TP rank 0 is exactly them."""
+        if self.dp_size == 1:
+            return taken
+        gathered: list[list[Captured]] | None = (
+            [[] for _ in range(self.dp_size)] if self.dp_rank == 0 else None
+        )
+        dist.gather_object(taken, gathered, dst=dist.get_global_rank(self.dp_group, 0), group=self.dp_group)
+        return [c for part in gathered for c in part] if gathered is not None else []
 
     # -- training -----------------------------------------------------------------
 

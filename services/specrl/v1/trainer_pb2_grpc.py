@@ -111,7 +111,7 @@ class TrainerServiceServicer:
         """The verifier's captured features (trainer.capture.enabled) for the draft-trainer, as
         the logprob passes produce them: one message per captured micro-batch, taken off the
         trainer's bounded capture queue (which drops its oldest batch while nobody reads).
-        With dp > 1 only rank 0's share of each batch is streamed.
+        With dp > 1 every DP rank's share is gathered on rank 0 and streamed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

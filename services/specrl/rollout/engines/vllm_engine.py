@@ -43,6 +43,8 @@ def speculative_config(spec: SpeculationConfig) -> dict | None:
         cfg["prompt_lookup_max"] = spec.prompt_lookup_max
     else:
         cfg["model"] = resolve_model_path(spec.draft or "")
+    if spec.k_schedule is not None:
+        cfg["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in spec.k_schedule]
     return cfg
 
 
