@@ -46,12 +46,12 @@ def test_draft_init_from_the_generic_draft_on_task_rollouts(zoo, servers, tmp_pa
     out = tmp_path / "draft"
     target = servers.get(server_config())  # the target's rollouts, sampled without speculation
     cmd = [sys.executable, "-m", "specrl.cli", "draft", "init", "--target", "zoo:target", "--out", str(out)]
-    cmd += ["--from", "zoo:eagle3-generic", "--prompts", "256", "--steps", "150", "--server", target.address]
+    cmd += ["--from", "zoo:eagle3-generic", "--prompts", "160", "--steps", "100", "--server", target.address]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     record = json.loads((out / "draft_init.json").read_text())
     before, after = record["acceptance_estimate_before"], record["acceptance_estimate_after"]
-    assert record["rollouts"] == 256 and record["heldout_rollouts"] == 64
+    assert record["rollouts"] == 160 and record["heldout_rollouts"] == 64
     assert after > before + 1.0, record
 
     measured = _measured_acceptance(servers, str(out))

@@ -107,6 +107,10 @@ def test_status_health_and_metrics(eagle):
     assert c.health() == health_pb2.HealthCheckResponse.SERVING
     if not torch.cuda.is_available():
         assert list(st.engine_patches) == ["fix_cpu_expand_batch_to_tokens"]
+    assert not st.speculation.k_schedule  # fixed k: it cannot change while serving
+    with pytest.raises(grpc.RpcError) as fixed:
+        c.set_k_schedule([(1, 128, 1)])
+    assert fixed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     body = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
     for name in (
         "specrl_rollout_generated_tokens_total",
@@ -155,7 +159,8 @@ def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(serve
     """speculation.k_schedule (vLLM's dynamic speculative decoding): k=3 for one sequence,
     speculation off for 2-8, k=1 above; each sample's draft tokens per verification step
     show which k its engine steps used, and the server's samples at k=1 (the verify
-    command's batch of 128) still follow the exact target distribution."""
+    command's batch of 128) still follow the exact target distribution. SetSpeculation
+    changes the schedule while serving; a bad one is refused and changes nothing."""
     from specrl.config import RolloutServerConfig
     from specrl.stats.lossless import verify_server
 
@@ -187,5 +192,21 @@ def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(serve
         ]
         drafts, draft_tokens = sum(a.drafts for a in many), sum(a.draft_tokens for a in many)
         assert drafts > 16 * 10 and draft_tokens <= drafts + 6, (drafts, draft_tokens)  # k=1
-    report = verify_server(proc.address, model=None, samples=2000, alpha=1e-3)
-    assert report["passed"], report
+    # k = 1 at the power of test_lossless.py (its cells are k = 3): the single-position edge
+    report = verify_server(proc.address, model=None, samples=6000, alpha=1e-3)
+    assert report["passed"] and report["k"] == 3, report
+    for check in report["checks"]:
+        assert check["power_at_tv_0.05"] > 0.9 and check["acceptance_length"] > 1.0, check
+
+    with RolloutClient(proc.address) as c:
+        with pytest.raises(grpc.RpcError) as bad:
+            c.set_k_schedule([(1, 4, 5)])
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "k=5" in bad.value.details()
+        state = c.set_k_schedule([(1, 128, 1)])
+        assert [(r.first, r.last, r.k) for r in state.k_schedule] == [(1, 128, 1)]
+        assert [(r.first, r.last, r.k) for r in c.status().speculation.k_schedule] == [(1, 128, 1)]
+        one = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0].acceptance
+        assert one.drafts > 0 and one.draft_tokens == one.drafts
+        c.set_k_schedule([(1, 128, 0)])
+        off = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0].acceptance
+        assert off.drafts == 0

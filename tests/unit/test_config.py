@@ -2,6 +2,7 @@ import pytest
 
 from specrl.config import (
     ConfigError,
+    DraftTrainerServerConfig,
     RolloutServerConfig,
     TrainerServerConfig,
     load_config,
@@ -58,7 +59,11 @@ def test_zoo_references_resolve_under_specrl_home(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize(
     ("path", "cls"),
-    [("examples/rollout-eagle3.yaml", RolloutServerConfig), ("examples/trainer.yaml", TrainerServerConfig)],
+    [
+        ("examples/rollout-eagle3.yaml", RolloutServerConfig),
+        ("examples/trainer.yaml", TrainerServerConfig),
+        ("examples/draft-trainer.yaml", DraftTrainerServerConfig),
+    ],
 )
 def test_shipped_examples_validate(path, cls):
     from pathlib import Path

@@ -64,6 +64,10 @@ class RolloutClient:
     def stream(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> Iterator[pb.Sample]:
         return self.stub.GenerateStream(make_request(prompts, **kwargs), timeout=self.timeout)
 
+    def set_k_schedule(self, schedule: Sequence[tuple[int, int, int]]) -> pb.SpeculationState:
+        ranges = [pb.KRange(first=a, last=b, k=k) for a, b, k in schedule]
+        return self.stub.SetSpeculation(pb.SetSpeculationRequest(k_schedule=ranges), timeout=60)
+
     def status(self) -> pb.RolloutStatus:
         return self.stub.GetStatus(pb.GetStatusRequest(), timeout=30)
 

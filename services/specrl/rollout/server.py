@@ -126,7 +126,22 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             engine_patches=svc.engine_patches,
             weight_sync_workers=info.workers,
             weight_sync=self._weight_state(),
+            speculation=self._speculation_state(),
         )
+
+    def _speculation_state(self) -> pb.SpeculationState:
+        schedule = self.service.k_schedule or ()
+        return pb.SpeculationState(k_schedule=[pb.KRange(first=a, last=b, k=k) for a, b, k in schedule])
+
+    async def SetSpeculation(self, request, context):
+        schedule = tuple((r.first, r.last, r.k) for r in request.k_schedule)
+        try:
+            await self.service.set_k_schedule(schedule)
+        except NotServing as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"k_schedule: {e}")
+        return self._speculation_state()
 
     def _weight_state(self) -> pb.WeightSyncState:
         w = self.service.weights

@@ -12,6 +12,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from specrl.config import RolloutServerConfig
 from specrl.metrics import RolloutMetrics
 from specrl.rollout.admission import AdmissionGate
@@ -48,6 +50,7 @@ class RolloutService:
         self._listeners: list[Callable[[bool], None]] = []
         self.weights = WeightUpdater(cfg, engine, metrics, self.gate, on_change=self._notify)
         self._ids = itertools.count()
+        self.k_schedule = cfg.speculation.k_schedule
         metrics.speculative_tokens.set(engine.info.k)
 
     @property
@@ -85,6 +88,22 @@ class RolloutService:
     def _notify(self) -> None:
         for listener in getattr(self, "_listeners", ()):
             listener(self.serving)
+
+    async def set_k_schedule(self, schedule: tuple[tuple[int, int, int], ...]) -> None:
+        """Change k by batch size from the next engine step. Raises NotServing when the
+        engine started without a schedule, ValueError (naming the problem) for a bad one."""
+        if self.k_schedule is None:
+            raise NotServing("started without speculation.k_schedule: the draft length is fixed")
+        try:
+            checked = self.cfg.speculation.model_validate(
+                self.cfg.speculation.model_dump() | {"k_schedule": schedule}
+            ).k_schedule
+        except ValidationError as e:
+            raise ValueError("; ".join(err["msg"] for err in e.errors())) from None
+        assert checked is not None
+        await self.engine.set_k_schedule(list(checked))
+        self.k_schedule = checked
+        log.info("k schedule set to %s", list(checked))
 
     async def start(self) -> None:
         """Ask the engine which specrl fixes it runs, then self-test its sampler."""

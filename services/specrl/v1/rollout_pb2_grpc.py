@@ -69,6 +69,11 @@ class RolloutServiceStub:
                 request_serializer=specrl_dot_v1_dot_rollout__pb2.AbortWeightUpdateRequest.SerializeToString,
                 response_deserializer=specrl_dot_v1_dot_rollout__pb2.WeightSyncState.FromString,
                 _registered_method=True)
+        self.SetSpeculation = channel.unary_unary(
+                '/specrl.v1.RolloutService/SetSpeculation',
+                request_serializer=specrl_dot_v1_dot_rollout__pb2.SetSpeculationRequest.SerializeToString,
+                response_deserializer=specrl_dot_v1_dot_rollout__pb2.SpeculationState.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -124,6 +129,16 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSpeculation(self, request, context):
+        """Change the draft length by engine batch size while serving (the adaptive speculation
+        controller's lever). The server must have started with speculation.k_schedule;
+        ranges as there: from batch size 1, no gaps, each k at most num_speculative_tokens.
+        Requests in flight continue under the new schedule from the next engine step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +176,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.AbortWeightUpdate,
                     request_deserializer=specrl_dot_v1_dot_rollout__pb2.AbortWeightUpdateRequest.FromString,
                     response_serializer=specrl_dot_v1_dot_rollout__pb2.WeightSyncState.SerializeToString,
+            ),
+            'SetSpeculation': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSpeculation,
+                    request_deserializer=specrl_dot_v1_dot_rollout__pb2.SetSpeculationRequest.FromString,
+                    response_serializer=specrl_dot_v1_dot_rollout__pb2.SpeculationState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -352,6 +372,33 @@ class RolloutService:
             '/specrl.v1.RolloutService/AbortWeightUpdate',
             specrl_dot_v1_dot_rollout__pb2.AbortWeightUpdateRequest.SerializeToString,
             specrl_dot_v1_dot_rollout__pb2.WeightSyncState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSpeculation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrl.v1.RolloutService/SetSpeculation',
+            specrl_dot_v1_dot_rollout__pb2.SetSpeculationRequest.SerializeToString,
+            specrl_dot_v1_dot_rollout__pb2.SpeculationState.FromString,
             options,
             channel_credentials,
             insecure,

@@ -180,5 +180,10 @@ class VllmEngine:
     async def reset_prefix_cache(self) -> bool:
         return bool(await self._llm.reset_prefix_cache())
 
+    async def set_k_schedule(self, schedule: list[tuple[int, int, int]]) -> None:
+        from specrl.rollout.engines.vllm_control import METHOD
+
+        await self._llm.engine_core.call_utility_async(METHOD, [list(e) for e in schedule])
+
     def shutdown(self) -> None:
         self._llm.shutdown()
