@@ -26,7 +26,7 @@ from specrl.config import DraftInitConfig, resolve_model_path
 from specrl.draft.aux_layers import default_aux_layer_ids
 from specrl.draft.eagle3 import Eagle3Head
 from specrl.draft.offline import capture, evaluate_head, train_head
-from specrl.draft.online import acceptance_length
+from specrl.draft.online import acceptance_length, pooled_agreement
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -85,15 +85,11 @@ def heldout_agreement(
     head: Eagle3Head, target, seqs, masks, aux_ids, *, pad_id: int, ttt_steps: int, batch: int = 16
 ) -> list[float]:
     """Token-weighted top-1 agreement per draft position, captured chunk by chunk."""
-    sums: list[float] = []
-    weight = 0.0
+    parts = []
     for start in range(0, len(seqs), batch):
         f = capture(target, seqs[start : start + batch], masks[start : start + batch], aux_ids, pad_id=pad_id)
-        agree = evaluate_head(head, f, ttt_steps)
-        w = float(f.loss_mask.sum())
-        sums = [x + w * a for x, a in zip(sums, agree)] if sums else [w * a for a in agree]
-        weight += w
-    return [x / max(weight, 1.0) for x in sums]
+        parts.append((float(f.loss_mask.sum()), evaluate_head(head, f, ttt_steps)))
+    return pooled_agreement(parts)
 
 
 def init_draft(cfg: DraftInitConfig, progress: Progress) -> dict:

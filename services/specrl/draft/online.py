@@ -55,6 +55,15 @@ def acceptance_length(agreement: list[float]) -> float:
     return total
 
 
+def pooled_agreement(parts: list[tuple[float, list[float]]]) -> list[float]:
+    """Per-position agreement over several batches, each weighted by its signal tokens:
+    (tokens, agreement per position) pairs in, the token-weighted mean out."""
+    total = sum(w for w, _ in parts)
+    if not parts:
+        return []
+    return [sum(w * a[j] for w, a in parts) / max(total, 1.0) for j in range(len(parts[0][1]))]
+
+
 class OnlineDraftTrainer:
     def __init__(self, head: Eagle3Head, cfg: DraftTrainingConfig) -> None:
         self.head = head.train()
@@ -103,17 +112,13 @@ class OnlineDraftTrainer:
             return []
         was_training = (head or self.head).training
         head = (head or self.head).eval()
-        sums: list[float] = []
-        weight = 0.0
+        parts = []
         for aux, ids, target, mask in self.holdout:
             logits = head.ttt_forward(aux, ids, self.cfg.ttt_steps)
             _, stats = ttt_loss(logits, target, mask, decay=self.cfg.loss_decay)
-            w = float(mask.sum())
-            agree = stats["top1_agreement"]
-            sums = [x + w * a for x, a in zip(sums, agree)] if sums else [w * a for a in agree]
-            weight += w
+            parts.append((float(mask.sum()), stats["top1_agreement"]))
         head.train(was_training)
-        return [x / max(weight, 1.0) for x in sums]
+        return pooled_agreement(parts)
 
     def _refuse(self, e: DraftInputError) -> None:
         self.stats.refused += 1

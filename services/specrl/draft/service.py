@@ -212,30 +212,19 @@ class DraftTrainerCore:
 
     def push(self, replicas: Sequence[str]) -> DraftPush:
         """Make `replicas` the draft group and publish the adapted draft if it is due and
-        no worse than the published one; catch replicas up to the published draft."""
+        no worse than the published one; replicas joining (or behind) are caught up to
+        the published draft."""
         with self._push_lock:
             t0 = time.perf_counter()
-            self._membership(replicas)
-            out = self._publish_if_due()
+            joining = self.sender.follow(replicas)
+            out = self._publish_if_due(replicas)
+            sent, failed = self.sender.join(joining)  # after the publish: one send each
+            out.updated += sent
+            out.dropped |= failed
             out.seconds = time.perf_counter() - t0
             return out
 
-    def _membership(self, replicas: Sequence[str]) -> None:
-        """Members follow `replicas`; a member that no longer serves the published draft
-        (a rollout server started again on its address) and new replicas join, caught up
-        to it."""
-        sender = self.sender
-        for gone in set(sender.members) - set(replicas):
-            sender.remove_replica(gone)
-        sender.drop_behind()
-        for address in replicas:
-            if address not in sender.members:
-                try:
-                    sender.add_replica(address)
-                except (WeightSyncError, grpc.RpcError) as e:
-                    log.error("draft: could not add %s: %s", address, e)
-
-    def _publish_if_due(self) -> DraftPush:
+    def _publish_if_due(self, replicas: Sequence[str]) -> DraftPush:
         pub = self.published
         with self._lock:
             s = self.online.stats
@@ -263,7 +252,8 @@ class DraftTrainerCore:
                 self.metrics.held_back.inc()
                 self.metrics.acceptance_estimate.set(old)
             return out
-        version = max(pub.version, self._newest_served()) + 1
+        # above whatever any replica serves: a restarted draft-trainer never goes back
+        version = max([pub.version, *self.sender.served(replicas).values()]) + 1
         try:
             result = self.sender.push(version, lambda: state.items(), policy_version=policy_version)
         except WeightSyncError as e:
@@ -284,9 +274,6 @@ class DraftTrainerCore:
             version, policy_version, new, old, out.updated,
         )  # fmt: skip
         return out
-
-    def _newest_served(self) -> int:
-        return max(self.sender.served(list(self.sender.members)).values(), default=0)
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of the head's weights under its own names (the sender translates them)."""

@@ -1,9 +1,8 @@
 """The services a run needs, on this machine or elsewhere: a Redis server (started here
 when no `redis.url` is configured), rollout replicas, trainer ranks and the optional
 draft-trainer (started here as child processes from their configs, or reached at
-configured addresses). Everything
-started here is tracked by pid and stopped on exit, and a service that fails to start
-stops the others and reports its log tail."""
+configured addresses). Everything started here is tracked by pid and stopped on exit,
+and a service that fails to start stops the others and reports its log tail."""
 
 from __future__ import annotations
 
@@ -161,7 +160,7 @@ class System:
                 raise ServiceDied(f"{what} exited with {proc.returncode}; log tail:\n{tail()}")
 
     def stop(self) -> None:
-        for p in [*([self.draft_trainer] if self.draft_trainer else []), *self.trainer, *self.rollout]:
+        for p in filter(None, [self.draft_trainer, *self.trainer, *self.rollout]):
             p.stop()
         if self.redis is not None:
             self.redis.stop()

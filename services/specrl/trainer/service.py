@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import torch
 import torch.distributed as dist
 
@@ -24,7 +23,7 @@ from specrl.metrics import TrainerMetrics, WeightSenderMetrics
 from specrl.trainer import checkpoint
 from specrl.trainer.batch import BatchError, Rollout, collate, validate
 from specrl.trainer.policy import Mismatch, Policy, StepMetrics, mismatch
-from specrl.weightsync.sender import WeightSender, WeightSyncError
+from specrl.weightsync.sender import WeightSender
 
 log = logging.getLogger("specrl.trainer")
 
@@ -113,11 +112,8 @@ class TrainerCore:
         version = self.policy.step_count
         sender = self._weight_sender()
         out = PushOutcome(version)
-        for gone in set(sender.members) - set(replicas):
-            sender.remove_replica(gone)
-        sender.drop_behind()  # joins again below, caught up
+        joining = sender.follow(replicas)
         newer = bool(sender.members) and sender.version is not None and version > sender.version
-        joining = [a for a in replicas if a not in sender.members]
         if not newer and not joining and sender.version == version:
             return out  # every replica is current: nothing to gather or send
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -132,12 +128,9 @@ class TrainerCore:
             # nothing new for the members (or none yet; or a restarted trainer, whose
             # replicas may hold this version already): catch-ups below send what is due
             sender.set_current(version, source)
-        for address in joining:
-            try:
-                if sender.add_replica(address):
-                    out.updated.append(address)
-            except (WeightSyncError, grpc.RpcError) as e:
-                out.dropped[address] = str(e)
+        sent, failed = sender.join(joining)
+        out.updated += sent
+        out.dropped |= failed
         out.seconds = time.perf_counter() - t0
         return out
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -146,10 +146,10 @@ class WeightSender:
             raise ValueError(f"{self.kind} version must not go back: at v{self.version}, got v{version}")
         self.version, self._source, self._policy_version = version, source, policy_version
 
-    def served(self, addresses: Iterable[str]) -> dict[str, int]:
-        """The version of this kind that each reachable address serves."""
+    def served(self, addresses: Iterable[str] | None = None) -> dict[str, int]:
+        """The version of this kind that each reachable address (default: member) serves."""
         out = {}
-        for address in addresses:
+        for address in self.members if addresses is None else addresses:
             member = self.members.get(address) or _Member(address)
             try:
                 ws = member.stub.GetStatus(pb.GetStatusRequest(), timeout=self.cfg.rpc_timeout_s).weight_sync
@@ -162,18 +162,33 @@ class WeightSender:
             out[address] = ws.policy_version if self.kind == "policy" else ws.draft_version
         return out
 
-    def drop_behind(self) -> list[str]:
-        """Remove the members that do not serve the current version (a rollout server
-        started again on its address comes back on its initial weights), so that adding
-        them again catches them up; returns them. Unreachable members stay (a push
-        drops them)."""
-        if self.version is None:
-            return []
-        behind = [a for a, v in self.served(list(self.members)).items() if v != self.version]
-        for address in behind:
-            log.info("%s sender: %s no longer serves v%d: catching it up", self.kind, address, self.version)
-            self.remove_replica(address)
-        return behind
+    def follow(self, replicas: Sequence[str]) -> list[str]:
+        """Membership follows `replicas`, in two halves around the caller's push: members
+        not listed leave now, and so do members that no longer serve the current version
+        (a rollout server started again on its address comes back on its initial
+        weights); returns the replicas to `join` after the push, which catches them up.
+        Unreachable members stay (a push drops them)."""
+        for gone in set(self.members) - set(replicas):
+            self.remove_replica(gone)
+        if self.version is not None:
+            for address, served in self.served().items():
+                if served != self.version:
+                    log.info("%s sender: %s serves v%d, not v%d: catching it up", self.kind, address, served,
+                             self.version)  # fmt: skip
+                    self.remove_replica(address)
+        return [a for a in replicas if a not in self.members]
+
+    def join(self, addresses: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+        """`add_replica` each address; returns those weights were sent to, and those that
+        could not be added, with why."""
+        sent, failed = [], {}
+        for address in addresses:
+            try:
+                if self.add_replica(address):
+                    sent.append(address)
+            except (WeightSyncError, grpc.RpcError) as e:
+                failed[address] = str(e)
+        return sent, failed
 
     def remove_replica(self, address: str) -> None:
         member = self.members.pop(address, None)

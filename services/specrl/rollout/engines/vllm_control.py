@@ -18,10 +18,9 @@ log = logging.getLogger("specrl.vllm_control")
 METHOD = "specrl_set_k_schedule"
 
 
-def set_k_schedule(engine_core, schedule: list[list[int]]) -> list[int]:
-    """Replace the scheduler's batch-size -> k lookup; returns the new lookup. The engine
-    must have started with a schedule (otherwise vLLM pads every decode to the full k
-    and builds no lookup)."""
+def set_k_schedule(engine_core, schedule: list[list[int]]) -> None:
+    """Replace the scheduler's batch-size -> k lookup. The engine must have started with
+    a schedule (otherwise vLLM pads every decode to the full k and builds no lookup)."""
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
     scheduler = engine_core.scheduler
@@ -33,7 +32,6 @@ def set_k_schedule(engine_core, schedule: list[list[int]]) -> list[int]:
         vllm_num_speculative_tokens=scheduler.num_spec_tokens,
     )
     log.info("k schedule now %s", schedule)
-    return list(scheduler.dynamic_sd_lookup)
 
 
 def register() -> None:
