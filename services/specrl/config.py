@@ -444,6 +444,22 @@ class RedisConfig(StrictModel):
     # None: `specrl run` starts its own redis-server (append-only file in the run dir).
     url: str | None = None
     aof: bool = True
+    # The environment variable holding the password of the Redis at `url` (Kubernetes: a
+    # Secret), so that it appears in no config file and in no saved run config.
+    password_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    @model_validator(mode="after")
+    def _check(self) -> RedisConfig:
+        if self.password_env and not self.url:
+            raise ValueError("redis.password_env is for a Redis at redis.url (the one started here has none)")
+        return self
+
+    def password(self) -> str | None:
+        if not self.password_env:
+            return None
+        if (value := os.environ.get(self.password_env)) is None:
+            raise ConfigError(f"redis.password_env: ${self.password_env} is not set")
+        return value
 
 
 class RolloutFleetConfig(StrictModel):

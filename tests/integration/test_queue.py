@@ -220,3 +220,18 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_redis_with_a_password_is_reached_with_it_and_refused_without(redis_server):
+    import redis
+
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.config_set("requirepass", "s3cret")  # what the chart's Redis runs with
+    try:
+        with pytest.raises((ConnectionError, redis.exceptions.RedisError)):
+            RunStreams.connect(redis_server.url, "r")
+        streams = RunStreams.connect(redis_server.url, "r", password="s3cret")
+        streams.publish([_prompt(0)])
+        assert streams.next_prompt("gen-0", block_ms=50).group.group_id == "0-0"
+    finally:
+        redis.Redis.from_url(redis_server.url, password="s3cret").config_set("requirepass", "")

@@ -61,6 +61,11 @@ class SpecrlRun:
     def output(self) -> str:
         return self.log.read_text()
 
+    def says(self, phrase: str) -> bool:
+        """Whether the output holds `phrase`, wherever rich broke its lines (a file is no
+        terminal: rich wraps at 80 columns, where the run directory's length decides)."""
+        return phrase in " ".join(self.output().split())
+
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)
 
@@ -124,7 +129,7 @@ def _kill(run: SpecrlRun, victim: str) -> None:
         return
     code = run.wait(timeout=300)
     out = run.output()
-    assert code == 2 and "specrl run --resume" in out, out
+    assert code == 2 and run.says("specrl run --resume"), out
 
 
 # (steps logged when the fault strikes, what is killed)
@@ -152,13 +157,13 @@ def test_a_run_resumes_after_each_process_is_killed_with_nothing_lost_or_trained
             rollout_restarted = True
             continue  # the same run goes on: checked at its next stop
         if rollout_restarted:
-            assert "starting it again (restart 1 of 3)" in run.output(), run.output()
-            assert "catch-up push" in run.output(), run.output()
+            assert run.says("starting it again (restart 1 of 3)"), run.output()
+            assert run.says("catch-up push"), run.output()
             rollout_restarted = False
         log = _steps(run_dir)
         if previous is not None:
             killed, version = previous
-            assert f"resumed at version {version}" in run.output(), run.output()
+            assert run.says(f"resumed at version {version}"), run.output()
             assert log[:version] == killed[:version], "a step the checkpoint holds changed"
             if len(killed) > version:
                 assert sorted(log[version]["group_ids"]) == sorted(killed[version]["group_ids"])

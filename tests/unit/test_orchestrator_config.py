@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from specrl.config import ConfigError, DataConfig, RunConfig, load_config
 from specrl.orchestrator.data import DataError, PromptSource
@@ -122,6 +123,10 @@ def test_resume_refuses_what_it_cannot_continue_before_anything_starts(tmp_path)
         cfg.model_copy(update={"orchestrator": cfg.orchestrator.model_copy(update={"steps": 99})}),
         cfg.run_dir,
     )  # more steps: the same run, continued further
+    older = json.loads(cfg.model_dump_json())
+    del older["redis"]["password_env"]  # a run saved before that field existed
+    (cfg.run_dir / "config.json").write_text(json.dumps(older))
+    _check_resumable(cfg, cfg.run_dir)  # resumes: the missing field takes its default
     with pytest.raises(RunExists, match=r"config differs from the run's \(seed\)"):
         run(cfg.model_copy(update={"seed": 7}), console=quiet, resume=True)
     no_aof = cfg.model_copy(update={"redis": cfg.redis.model_copy(update={"aof": False})})
@@ -137,3 +142,21 @@ def test_task_prompts_makes_the_task_a_fixed_training_set_cycled_in_epochs():
     assert len({i.prompt for i in fresh}) == 12  # without it, no problem comes back
     with pytest.raises(ValueError, match="task_prompts"):
         DataConfig(task_prompts=0)
+
+
+def test_the_redis_password_comes_from_the_named_environment_variable(monkeypatch):
+    from rich.console import Console
+
+    from specrl.orchestrator.run import run
+
+    with pytest.raises(ValidationError, match=r"password_env is for a Redis at redis\.url"):
+        RunConfig.model_validate({"redis": {"password_env": "SPECRL_REDIS_PASSWORD"}})
+    cfg = RunConfig.model_validate(
+        {"redis": {"url": "redis://redis:6379/0", "password_env": "SPECRL_REDIS_PASSWORD"}}
+    )
+    monkeypatch.delenv("SPECRL_REDIS_PASSWORD", raising=False)
+    with pytest.raises(ConfigError, match=r"\$SPECRL_REDIS_PASSWORD is not set"):
+        run(cfg, console=Console(quiet=True))  # refused before anything starts
+    monkeypatch.setenv("SPECRL_REDIS_PASSWORD", "s3cret")
+    assert cfg.redis.password() == "s3cret"
+    assert "s3cret" not in cfg.model_dump_json()  # what a run saves as its config.json

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import redis
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -76,7 +77,11 @@ def _check_resumable(cfg: RunConfig, run_dir: Path) -> None:
         raise RunExists(f"{run_dir} holds no run to resume")
     if not cfg.redis.url and not cfg.redis.aof:
         raise RunExists("--resume needs the run's Redis data: redis.aof is off, so none was kept")
-    saved = json.loads((run_dir / "config.json").read_text())
+    try:  # read through the model: a field added to specrl since takes its default
+        kept = RunConfig.model_validate_json((run_dir / "config.json").read_text())
+    except ValidationError as e:
+        raise RunExists(f"--resume: the run's config.json does not load in this version: {e}") from None
+    saved = json.loads(kept.model_dump_json())
     now = json.loads(cfg.model_dump_json())
     for c in (saved, now):
         c["orchestrator"].pop("steps")
@@ -99,6 +104,7 @@ def run(
     directory from its last checkpoint (docs/orchestrator.md, Resume)."""
     if fresh and resume:
         raise ValueError("--fresh and --resume exclude each other")
+    cfg.redis.password()  # an unset variable fails here, before anything starts
     run_dir = cfg.run_dir
     if resume:
         _check_resumable(cfg, run_dir)
@@ -133,7 +139,13 @@ def run(
         )
         return _loop(cfg, system, run_dir, console, registry, fresh=fresh, resume=resume)
     except (grpc.RpcError, redis.exceptions.ConnectionError, GenerationStalled, ServiceDied) as e:
-        what = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.RpcError) else str(e)
+        if isinstance(e, grpc.RpcError):
+            what = f"{e.code().name}: {e.details()}"
+        elif isinstance(e, redis.exceptions.ConnectionError):
+            what = f"Redis: {e}"
+        else:
+            what = str(e)
+        what = what.rstrip(".")
         raise RunInterrupted(
             f"the run stopped: {what}. Its state is kept; `specrl run --resume` continues it from "
             f"the last checkpoint (logs in {run_dir / 'logs'})"
@@ -155,7 +167,12 @@ def _loop(
 ) -> RunResult:
     from transformers import AutoTokenizer
 
-    streams = RunStreams.connect(system.redis_url, cfg.name, reclaim_idle_s=cfg.orchestrator.reclaim_idle_s)
+    streams = RunStreams.connect(
+        system.redis_url,
+        cfg.name,
+        password=cfg.redis.password(),
+        reclaim_idle_s=cfg.orchestrator.reclaim_idle_s,
+    )
     with RolloutClient(system.replicas[0]) as c:
         max_model_len = c.status().max_model_len  # the served context, wherever the replica runs
     with TrainerClient(system.trainer_address) as t:

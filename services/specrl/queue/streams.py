@@ -110,10 +110,15 @@ class RunStreams:
         self.reclaim_idle_ms = int(reclaim_idle_s * 1000)
 
     @classmethod
-    def connect(cls, url: str, run: str, **kw: float) -> RunStreams:
+    def connect(cls, url: str, run: str, *, password: str | None = None, **kw: float) -> RunStreams:
         # RESP2 replies (redis-py's default), spelled out: the parsing below relies on it
         client = redis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=30, health_check_interval=10, protocol=2
+            url,
+            password=password,
+            decode_responses=True,
+            socket_timeout=30,
+            health_check_interval=10,
+            protocol=2,
         )
         try:
             version = client.info("server")["redis_version"]
