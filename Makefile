@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SPECRL := $(VENV)/bin/specrl
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 
-.PHONY: setup demo test test-fast lint format proto zoo bench-rollout clean
+.PHONY: setup demo test test-fast lint format proto chart-schema images zoo bench-rollout clean
 
 setup:  ## create .venv, install vLLM (CPU build by default), specrl, redis-server, helm
 	bash scripts/setup.sh
@@ -29,6 +29,17 @@ format:
 proto:  ## regenerate services/specrl/v1 from proto/ (generated files are committed)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=services --pyi_out=services \
 		--grpc_python_out=services proto/specrl/v1/*.proto
+
+chart-schema:  ## regenerate the Helm chart's values.schema.json from the services' config models
+	$(PY) -m specrl.chart deploy/helm/specrl/values.schema.json
+
+IMAGE_REPO ?= ghcr.io/specrl
+IMAGE_TAG ?= 0.1.0
+images:  ## build the container images (needs Docker with buildx; run in your CI, not here)
+	docker buildx build --platform linux/amd64 -f images/cpu.Dockerfile -t $(IMAGE_REPO)/specrl-cpu:$(IMAGE_TAG) .
+	for i in rollout-gpu:specrl-rollout rollout-sglang:specrl-rollout-sglang trainer-gpu:specrl-trainer; do \
+		docker buildx build --platform linux/amd64,linux/arm64 -f images/$${i%%:*}.Dockerfile \
+			-t $(IMAGE_REPO)/$${i##*:}:$(IMAGE_TAG) . ; done
 
 zoo:  ## build (or reuse) the tiny deterministic model zoo under $$SPECRL_HOME
 	$(SPECRL) zoo build

@@ -341,6 +341,28 @@ def bench_step(
     run_step_bench(out, steps=steps, config=config, console=console)
 
 
+@app.command("health")
+def health(
+    addresses: list[str] = typer.Argument(
+        None, envvar="SPECRL_HEALTH_ADDRESS", help="host:port of specrl services (gRPC)."
+    ),
+    timeout: float = typer.Option(10.0, help="Seconds to wait for each answer."),
+) -> None:
+    """Ask specrl services whether they serve (gRPC health); exit 1 unless all do.
+    The Helm chart's `helm test` runs this against every service of a release."""
+    from specrl.serving import health_of
+
+    if not addresses:
+        _fail("no address: give host:port arguments or set SPECRL_HEALTH_ADDRESS")
+    bad = 0
+    for address in addresses:
+        status = health_of(address, timeout)
+        bad += status != "SERVING"
+        console.print(f"{address}: [{'green' if status == 'SERVING' else 'red'}]{status}[/]")
+    if bad:
+        raise typer.Exit(1)
+
+
 @app.command("demo")
 def demo() -> None:
     """Build the zoo, serve the target with EAGLE-3, self-test, verify and sample."""

@@ -1,6 +1,7 @@
 """The life of a synchronous gRPC service process (trainer rank 0, draft-trainer): bind
 and start with gRPC health serving, report the bound port to whoever started it, wait for
-SIGINT/SIGTERM, then stop under the shutdown deadline."""
+SIGINT/SIGTERM, then stop under the shutdown deadline. `health_of` asks any specrl service
+(rollout server included) whether it serves."""
 
 from __future__ import annotations
 
@@ -51,3 +52,15 @@ def wait_for_stop(server: grpc.Server) -> None:
     stop.wait()
     shutdown.exit_after()
     server.stop(grace=5).wait()
+
+
+def health_of(address: str, timeout: float = 10.0) -> str:
+    """The gRPC health of the service at `address` ("SERVING", "NOT_SERVING"), or the
+    name of the gRPC error that kept it from answering ("UNAVAILABLE", ...)."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError as e:
+            return e.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

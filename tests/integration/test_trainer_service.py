@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
+import sys
 import urllib.request
 
 import grpc
@@ -179,6 +181,22 @@ def test_bad_batches_are_refused_and_nothing_is_trained(trainer):
     assert stub.GetStatus(pb.GetTrainerStatusRequest(), timeout=30).step == step
     after = stub.ComputeLogprobs(probe, timeout=120)
     assert [list(c.logprobs) for c in after.completions] == [list(c.logprobs) for c in before.completions]
+
+
+def test_specrl_health_reports_each_service_and_fails_unless_all_serve(trainer):
+    ranks, _, _ = trainer
+
+    def health(*addresses: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "specrl.cli", "health", "--timeout", "5", *addresses]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    ok = health(ranks[0].address)
+    assert ok.returncode == 0 and f"{ranks[0].address}: SERVING" in ok.stderr, ok.stderr
+    with socket.socket() as s:  # a port nobody serves
+        s.bind(("127.0.0.1", 0))
+        nobody = f"127.0.0.1:{s.getsockname()[1]}"
+    bad = health(ranks[0].address, nobody)
+    assert bad.returncode == 1 and f"{nobody}: UNAVAILABLE" in bad.stderr, bad.stderr
 
 
 def test_save_checkpoint_and_stop_every_rank(trainer, tmp_path):

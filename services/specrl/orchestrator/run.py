@@ -123,8 +123,11 @@ def run(
 
         console.print(f"metrics on :{m.serve(cfg.orchestrator.metrics_port)}/metrics")
 
-    draft = cfg.rollout.server.speculation.draft
-    if any(ref and ref.startswith(ZOO_SCHEME) for ref in (cfg.trainer.server.trainer.model, draft)):
+    server = cfg.rollout.server
+    local = [] if cfg.rollout.addresses else [server.engine.model, server.speculation.draft]
+    if cfg.trainer.address is None:
+        local.append(cfg.trainer.server.trainer.model)
+    if any(ref and ref.startswith(ZOO_SCHEME) for ref in local):  # models of services started here
         from specrl.zoo.build import build_zoo
 
         build_zoo(console=console)  # cached after the first time (minutes)

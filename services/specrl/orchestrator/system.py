@@ -10,9 +10,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from specrl import serving
 from specrl.config import RunConfig
 from specrl.launcher import ServerDied, ServiceProcess, free_port, start_all
 from specrl.queue.redis_server import RedisServer
@@ -30,15 +28,8 @@ class ServiceDied(RuntimeError):
 
 def check_reachable(address: str, what: str, timeout: float = 10.0) -> None:
     """gRPC health of a service that is supposed to be running already."""
-    with grpc.insecure_channel(address) as channel:
-        try:
-            status = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=timeout
-            )
-        except grpc.RpcError as e:
-            raise StartupError(f"{what} at {address} is not reachable: {e.code().name}") from None
-    if status.status != health_pb2.HealthCheckResponse.SERVING:
-        raise StartupError(f"{what} at {address} is not serving (health {status.status})")
+    if (status := serving.health_of(address, timeout)) != "SERVING":
+        raise StartupError(f"{what} at {address} is not serving ({status})")
 
 
 class System:

@@ -1,0 +1,291 @@
+"""The Helm chart, rendered by the real helm (v3, offline) with its default, CPU and
+GB200 NVL72 values, every manifest validated strictly against the Kubernetes schemas of
+a current release (kubernetes-validate), and every service config it renders loaded by
+that service's own config model. No cluster runs here: custom resources (ComputeDomain,
+ServiceMonitor), which have no bundled schema, get focused structural checks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from specrl import chart
+from specrl.config import (
+    DraftTrainerServerConfig,
+    RolloutServerConfig,
+    RunConfig,
+    TrainerServerConfig,
+    validate,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "specrl"
+VALUES = {
+    "default": [],
+    "cpu": ["-f", str(CHART / "values-cpu.yaml")],
+    "gb200": ["-f", str(CHART / "values-gb200-nvl72.yaml")],
+}
+KUBERNETES = "1.33.0"  # a current release (kubernetes-validate bundles 1.25-1.37)
+CONFIGS = {
+    "rollout.yaml": RolloutServerConfig,
+    "trainer.yaml": TrainerServerConfig,
+    "draft-trainer.yaml": DraftTrainerServerConfig,
+    "run.yaml": RunConfig,
+}
+CUSTOM = {("resource.nvidia.com/v1beta1", "ComputeDomain"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+
+def _helm() -> str:
+    helm = ROOT / ".tools" / "bin" / "helm"
+    found = str(helm) if helm.exists() else shutil.which("helm")
+    assert found, "helm not found: `make setup` installs it into .tools/bin"
+    return found
+
+
+def helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=120)
+
+
+def render(*args: str) -> list[dict]:
+    out = helm("template", "rl", str(CHART), "--namespace", "train", *args)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def configs(docs: list[dict]) -> dict[str, dict]:
+    (cm,) = by_kind(docs, "ConfigMap").values()
+    return {name: yaml.safe_load(text) for name, text in cm["data"].items()}
+
+
+def containers(docs: list[dict]) -> dict[str, dict]:
+    """Every container of every workload (and the test pod), by its name."""
+    out = {}
+    for d in docs:
+        if d["kind"] not in ("StatefulSet", "Job", "Pod"):
+            continue
+        pod = d if d["kind"] == "Pod" else d["spec"]["template"]
+        for c in pod["spec"]["containers"]:
+            out[c["name"]] = {**c, "_pod": pod["spec"], "_labels": pod["metadata"]["labels"]}
+    return out
+
+
+@pytest.fixture(scope="module", params=list(VALUES))
+def rendered(request) -> tuple[str, list[dict]]:
+    return request.param, render(*VALUES[request.param])
+
+
+def test_the_chart_lints_strictly_with_each_values_file():
+    for name, args in VALUES.items():
+        out = helm("lint", "--strict", str(CHART), *args)
+        assert out.returncode == 0, f"{name}: {out.stdout}{out.stderr}"
+
+
+def test_every_manifest_validates_against_the_kubernetes_schemas(rendered):
+    name, docs = rendered
+    kinds = set()
+    for d in docs:
+        kinds.add(d["kind"])
+        if (d["apiVersion"], d["kind"]) in CUSTOM:
+            continue  # no bundled schema: structural checks below
+        kubernetes_validate.validate(d, KUBERNETES, strict=True)  # raises on any error
+    assert {"StatefulSet", "Job", "Service", "ConfigMap", "NetworkPolicy", "Secret"} <= kinds, name
+
+
+def test_every_rendered_config_loads_in_its_services_own_model(rendered):
+    name, docs = rendered
+    files = configs(docs)
+    assert {"rollout.yaml", "trainer.yaml", "run.yaml"} <= files.keys()
+    source = files["run.yaml"]["data"].get("source", "task")
+    if source.startswith("/models/"):  # a dataset on the cluster's model volume (gb200)
+        files["run.yaml"]["data"]["source"] = "task"  # the loader checks that the file exists
+    for file, data in files.items():
+        validate(data, CONFIGS[file], f"{name}:{file}")  # ConfigError names every bad field
+
+
+def test_services_find_each_other_by_the_names_the_chart_gives_them(rendered):
+    name, docs = rendered
+    files = configs(docs)
+    run, trainer = files["run.yaml"], files["trainer.yaml"]
+    services = by_kind(docs, "Service")
+    sets = by_kind(docs, "StatefulSet")
+    rollout = sets["rl-specrl-rollout"]
+    # one address per rollout pod: <statefulset>-<i>.<headless service>.<namespace>.svc:<port>
+    assert rollout["spec"]["serviceName"] == "rl-specrl-rollout-headless"
+    assert run["rollout"]["addresses"] == [
+        f"rl-specrl-rollout-{i}.rl-specrl-rollout-headless.train.svc:{files['rollout.yaml']['port']}"
+        for i in range(rollout["spec"]["replicas"])
+    ]
+    assert services["rl-specrl-rollout-headless"]["spec"]["publishNotReadyAddresses"] is True
+    # the trainer's gRPC Service reaches rank 0 only; its broadcast store is pod 0's name
+    grpc_svc = services["rl-specrl-trainer"]["spec"]
+    assert grpc_svc["selector"]["statefulset.kubernetes.io/pod-name"] == "rl-specrl-trainer-0"
+    assert run["trainer"]["address"] == f"rl-specrl-trainer.train.svc:{grpc_svc['ports'][0]['port']}"
+    assert trainer["weight_sync"]["host"] == "rl-specrl-trainer-0.rl-specrl-trainer-headless.train.svc"
+    assert run["redis"]["url"] == "redis://rl-specrl-redis.train.svc:6379/0"
+    assert run["output_dir"] == "/runs/{name}"
+    # every Service's target port names a port of the pods it selects (the StatefulSet
+    # controller adds the pod-name label to each pod it makes)
+    for svc in services.values():
+        selector = dict(svc["spec"]["selector"])
+        selector.pop("statefulset.kubernetes.io/pod-name", None)
+        selected = [c for c in containers(docs).values() if selector.items() <= c["_labels"].items()]
+        assert selected, f"{name}: Service {svc['metadata']['name']} selects no pod"
+        ports = {p["name"] for c in selected for p in c.get("ports", [])} | {
+            p["containerPort"] for c in selected for p in c.get("ports", [])
+        }
+        for p in svc["spec"]["ports"]:
+            assert p.get("targetPort", p["port"]) in ports, (name, svc["metadata"]["name"], p)
+    if "draft-trainer.yaml" in files:
+        draft = files["draft-trainer.yaml"]
+        assert run["draft_trainer"] == {"enabled": True, "address": "rl-specrl-draft-trainer.train.svc:50071"}
+        assert draft["trainer"] == run["trainer"]["address"]
+        assert draft["save_dir"] == f"/runs/{run['name']}/draft"
+        assert trainer["trainer"]["capture"]["enabled"] is True  # the draft-trainer's input
+
+
+def test_rollout_and_trainer_scale_independently():
+    base = render()
+    more_rollout = render("--set", "rollout.replicas=5")
+    more_trainer = render(
+        "--set", "trainer.nodes=2", "--set", "trainer.procsPerNode=2", "--set", "trainer.config.trainer.dp=4"
+    )
+    replicas = lambda docs, c: by_kind(docs, "StatefulSet")[f"rl-specrl-{c}"]["spec"]["replicas"]  # noqa: E731
+    assert (replicas(base, "rollout"), replicas(base, "trainer")) == (1, 1)
+    assert (replicas(more_rollout, "rollout"), replicas(more_rollout, "trainer")) == (5, 1)
+    assert len(configs(more_rollout)["run.yaml"]["rollout"]["addresses"]) == 5
+    assert (replicas(more_trainer, "rollout"), replicas(more_trainer, "trainer")) == (1, 2)
+    assert configs(more_trainer)["run.yaml"]["rollout"] == configs(base)["run.yaml"]["rollout"]
+    trainer = containers(more_trainer)["trainer"]
+    assert trainer["command"] == ["torchrun"]
+    assert "--nnodes=2" in trainer["args"] and "--nproc-per-node=2" in trainer["args"]
+    assert "--node-rank=$(NODE_RANK)" in trainer["args"]
+    (node_rank,) = [e for e in trainer["env"] if e["name"] == "NODE_RANK"]
+    pod_index = "metadata.labels['apps.kubernetes.io/pod-index']"  # the node rank
+    assert node_rank["valueFrom"]["fieldRef"]["fieldPath"] == pod_index
+    assert containers(base)["trainer"]["args"][:2] == ["serve", "trainer"]  # one rank: no torchrun
+
+
+def test_bad_values_fail_with_a_message_that_names_the_field():
+    cases = {
+        ("--set", "rollout.replicas=two"): "rollout.replicas",
+        ("--set", "rollout.config.speculation.method=eagle"): "rollout.config.speculation.method",
+        ("--set", "rollout.config.engine.max_model_len=4"): "rollout.config.engine.max_model_len",
+        ("--set", "trainer.config.trainer.tpp=2"): "tpp",
+        ("--set", "trainer.procsPerNode=2"): "must equal trainer.config.trainer.tp x dp",
+        ("--set", "redis.enabled=false"): "redis.url is required",
+        ("--set", "orchestrator.config.sampling.temperature=0"): "orchestrator.config.sampling.temperature",
+    }
+    for args, message in cases.items():
+        out = helm("template", "rl", str(CHART), *args)
+        assert out.returncode != 0 and message in out.stderr, (args, out.stderr)
+
+
+def test_a_bare_n_in_a_values_file_is_caught_not_turned_into_false(tmp_path):
+    """YAML 1.1 (Helm's) reads an unquoted key `n` as the boolean false: the schema
+    refuses the resulting "false" key instead of silently dropping the group size."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("orchestrator:\n  config:\n    sampling:\n      n: 4\n")
+    out = helm("template", "rl", str(CHART), "-f", str(bad))
+    assert out.returncode != 0 and "false" in out.stderr and "sampling" in out.stderr, out.stderr
+
+
+def test_the_values_schema_is_generated_from_the_config_models():
+    committed = (CHART / "values.schema.json").read_text()
+    assert committed == chart.render(), "values.schema.json is stale: run `make chart-schema`"
+    schema = json.loads(committed)
+    rollout_config = schema["properties"]["rollout"]["properties"]["config"]
+    assert set(rollout_config["properties"]) == set(RolloutServerConfig.model_fields)
+
+
+def test_pods_run_unprivileged_with_limits_and_probes(rendered):
+    name, docs = rendered
+    for cname, c in containers(docs).items():
+        pod = c["_pod"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, (name, cname)
+        assert pod.get("automountServiceAccountToken") is False, (name, cname)
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, (name, cname)
+        assert sc["capabilities"]["drop"] == ["ALL"], (name, cname)
+        assert c["resources"]["limits"].get("memory"), (name, cname)
+        if cname in ("rollout", "draft-trainer", "redis") or (cname == "trainer" and "command" not in c):
+            assert "readinessProbe" in c and "livenessProbe" in c, (name, cname)
+    pdbs = by_kind(docs, "PodDisruptionBudget")
+    assert pdbs["rl-specrl-trainer"]["spec"]["maxUnavailable"] == 0  # every rank is needed
+
+
+def test_only_the_releases_pods_reach_its_services_and_redis(rendered):
+    _, docs = rendered
+    policies = by_kind(docs, "NetworkPolicy")
+    release = {"app.kubernetes.io/name": "specrl", "app.kubernetes.io/instance": "rl"}
+    redis = policies["rl-specrl-redis"]["spec"]
+    assert redis["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
+    from_release = {"from": [{"podSelector": {"matchLabels": release}}]}
+    assert redis["ingress"] == [{**from_release, "ports": [{"port": "redis"}]}]
+    services = policies["rl-specrl-services"]["spec"]
+    (anything_from_release, metrics) = services["ingress"]
+    assert anything_from_release == from_release
+    assert metrics["ports"] == [{"port": "metrics"}]  # Prometheus: the metrics port only
+    # the password is a Secret the orchestrator and Redis read, never in a config file
+    secret = by_kind(docs, "Secret")["rl-specrl-redis"]
+    assert secret["data"]["password"] and secret["data"]["password"] not in json.dumps(configs(docs))
+    env = {e["name"]: e for e in containers(docs)["orchestrator"]["env"]}
+    assert env["SPECRL_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "rl-specrl-redis"
+    assert configs(docs)["run.yaml"]["redis"]["password_env"] == "SPECRL_REDIS_PASSWORD"
+
+
+def test_gb200_values_place_gpus_nvlink_and_the_paper_layout():
+    docs = render(*VALUES["gb200"])
+    c = containers(docs)
+    gpu = "nvidia.com/gpu"
+    assert c["rollout"]["resources"]["limits"][gpu] == 1 == c["rollout"]["resources"]["requests"][gpu]
+    assert c["trainer"]["resources"]["limits"][gpu] == 4  # a GB200 node's four GPUs
+    sets = by_kind(docs, "StatefulSet")
+    assert sets["rl-specrl-rollout"]["spec"]["replicas"] == 48  # 12 generation nodes x 4
+    assert sets["rl-specrl-trainer"]["spec"]["replicas"] == 4  # 4 training nodes
+    pod = c["trainer"]["_pod"]
+    (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "nvidia.com/gpu.clique"  # the trainer inside one NVLink domain
+    assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "trainer"
+    (claim,) = pod["resourceClaims"]
+    (domain,) = by_kind(docs, "ComputeDomain").values()
+    assert domain["spec"]["numNodes"] == 4
+    assert domain["spec"]["channel"]["resourceClaimTemplate"]["name"] == claim["resourceClaimTemplateName"]
+    assert c["trainer"]["resources"]["claims"] == [{"name": claim["name"]}]
+    shm = {v["name"]: v for v in pod["volumes"]}["dshm"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    env = {e["name"]: e.get("value") for e in c["rollout"]["env"]}
+    assert env["NCCL_MNNVL_ENABLE"] == "1"
+    images = {name: c[name]["image"].rsplit(":", 1)[0] for name in ("rollout", "trainer", "draft-trainer")}
+    assert images == {  # vLLM's image generates; PyTorch's trains (images/README.md)
+        "rollout": "ghcr.io/specrl/specrl-rollout",
+        "trainer": "ghcr.io/specrl/specrl-trainer",
+        "draft-trainer": "ghcr.io/specrl/specrl-trainer",
+    }
+    assert configs(docs)["trainer.yaml"]["weight_sync"]["backend"] == "nccl"
+    (monitor,) = by_kind(docs, "ServiceMonitor").values()
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "specrl",
+        "app.kubernetes.io/instance": "rl",
+    }
+
+
+def test_helm_test_asks_every_grpc_service_for_its_health():
+    docs = render(*VALUES["cpu"])
+    pod = by_kind(docs, "Pod")["rl-specrl-test-health"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[0] == "health"
+    run = configs(docs)["run.yaml"]
+    services = {run["trainer"]["address"], run["draft_trainer"]["address"], *run["rollout"]["addresses"]}
+    assert set(args) >= services
