@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SPECRL := $(VENV)/bin/specrl
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 
-.PHONY: setup demo test test-fast lint format proto chart-schema kustomize images zoo bench-rollout clean
+.PHONY: setup demo test test-fast lint format proto chart-schema dashboards kustomize images zoo bench-rollout clean
 
 setup:  ## create .venv, install vLLM (CPU build by default), specrl, redis-server, helm
 	bash scripts/setup.sh
@@ -32,6 +32,9 @@ proto:  ## regenerate services/specrl/v1 from proto/ (generated files are commit
 
 chart-schema:  ## regenerate the Helm chart's values.schema.json from the services' config models
 	$(PY) -m specrl.chart deploy/helm/specrl/values.schema.json
+
+dashboards:  ## regenerate the Grafana dashboards and alert rules (deploy/grafana, deploy/prometheus, the chart's copies)
+	$(PY) -m specrl.dashboards
 
 kustomize:  ## regenerate deploy/kustomize (base + overlays) from the Helm chart
 	$(PY) -m specrl.kustomize deploy/kustomize

@@ -22,6 +22,14 @@ if ! command -v redis-server >/dev/null; then
     || { echo "could not install redis-server: install it with your package manager" >&2; exit 1; }
 fi
 
+# Prometheus and promtool: the tests run the Grafana dashboards' queries and the alert
+# rules against a real server (deploy/); specrl itself does not need them.
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  say "installing prometheus (apt-get; for the observability tests)"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null \
+    || { echo "could not install prometheus: install it with your package manager" >&2; exit 1; }
+fi
+
 # --- python environment ----------------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"

@@ -152,6 +152,14 @@ def values_schema() -> dict[str, Any]:
         "redis": redis,
         "networkPolicy": _strict({"enabled": BOOL, "metricsFrom": {"type": "array"}}),
         "serviceMonitor": _strict({"enabled": BOOL, "interval": STRING, "labels": OBJECT}),
+        "prometheusRule": _strict({"enabled": BOOL, "labels": OBJECT}),
+        "grafana": _strict(
+            {
+                "dashboards": _strict(
+                    {"enabled": BOOL, "label": NAME, "labelValue": STRING, "annotations": OBJECT}
+                )
+            }
+        ),
         "tests": _strict({"enabled": BOOL}),
     }
     return {

@@ -2,22 +2,31 @@
 ConfigMap renders (values-cpu.yaml, made small) start a rollout server, a trainer and a
 draft-trainer as real processes, and `specrl run` with the rendered run.yaml trains
 against them and a password-protected Redis, the password passed the way the chart's
-Secret passes it. Only what a cluster provides is replaced: the Services' DNS names by
-loopback, the volume by a temporary directory."""
+Secret passes it. A real Prometheus scrapes every service's metrics port meanwhile, and
+every query of every dashboard panel and every alert rule is run against it. Only what
+a cluster provides is replaced: the Services' DNS names by loopback, the volume by a
+temporary directory."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
 
 import pytest
 import redis
 import yaml
 from test_helm_chart import CHART, VALUES, configs, containers, helm, render
 
+from specrl import dashboards
 from specrl.config import DraftTrainerServerConfig, RolloutServerConfig, TrainerServerConfig, load_config
 from specrl.launcher import ServiceProcess, free_port
 from specrl.queue.redis_server import RedisServer
@@ -26,7 +35,53 @@ pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 STEPS = 3
 
 
-def _small(tmp_path) -> list[str]:
+class Prometheus:
+    """A real Prometheus server (the Debian package) scraping `targets` every second."""
+
+    def __init__(self, root: Path, targets: list[str]) -> None:
+        binary = shutil.which("prometheus")
+        assert binary, "prometheus not found: `make setup` installs it (apt-get)"
+        self.port = free_port()
+        config = root / "prometheus.yml"
+        scrape = {"job_name": "specrl", "scrape_interval": "1s", "static_configs": [{"targets": targets}]}
+        config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [scrape]}))
+        cmd = [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={root / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--log.level=warn",
+        ]
+        with open(root / "prometheus.log", "w") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            assert self.proc.poll() is None and time.monotonic() < deadline, (
+                root / "prometheus.log"
+            ).read_text()
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def query(self, expr: str, at: float) -> dict:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": expr, "time": at}
+        )
+        try:
+            return json.load(urllib.request.urlopen(url, timeout=30))
+        except urllib.error.HTTPError as e:  # 400: the query does not parse
+            return json.load(e)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def _small(tmp_path) -> tuple[list[str], dict[str, int]]:
     ports = {
         "rollout.port": free_port(),
         "rollout.metricsPort": free_port(),
@@ -68,7 +123,7 @@ def _small(tmp_path) -> list[str]:
     # `n` a key where Helm's YAML 1.1 would read false
     path = tmp_path / "small.json"
     path.write_text(json.dumps(tree))
-    return [*VALUES["cpu"], "-f", str(path)]
+    return [*VALUES["cpu"], "-f", str(path)], ports
 
 
 def _on_loopback(text: str, redis_port: int) -> str:
@@ -78,7 +133,10 @@ def _on_loopback(text: str, redis_port: int) -> str:
 
 
 def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_path):
-    docs = render(*_small(tmp_path))
+    args, ports = _small(tmp_path)
+    docs = render(*args)
+    metrics = [f"127.0.0.1:{port}" for key, port in ports.items() if key.endswith("metricsPort")]
+    prometheus = Prometheus(tmp_path, metrics)
     with RedisServer(tmp_path / "redis") as server:
         password = "chart-secret"
         redis.Redis.from_url(server.url).config_set("requirepass", password)
@@ -114,9 +172,12 @@ def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_p
                 env=env,
             )
             assert run.returncode == 0, run.stdout + run.stderr
+            during = time.time() - 3  # the orchestrator's series end when it exits
+            _every_query_answers(prometheus, during)
         finally:
             for p in reversed(started):
                 p.stop()
+            prometheus.stop()
         redis.Redis.from_url(server.url, password=password).config_set("requirepass", "")
     run_dir = tmp_path / "runs" / yaml.safe_load(files["run.yaml"].read_text())["name"]
     steps = [yaml.safe_load(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
@@ -130,7 +191,23 @@ def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_p
     assert password not in (run_dir / "config.json").read_text()
 
 
+def _every_query_answers(prometheus: Prometheus, at: float) -> None:
+    """Every panel query returns data from the services' own metrics; every alert rule
+    evaluates (it returns nothing while nothing is wrong)."""
+    empty = []
+    for uid, title, expr in dashboards.queries():
+        reply = prometheus.query(expr.replace(dashboards.RATE, "1m"), at)
+        assert reply["status"] == "success", (uid, title, expr, reply)
+        if not reply["data"]["result"]:
+            empty.append(f"{uid} / {title}: {expr}")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+    for rule in dashboards.rules()["groups"][0]["rules"]:
+        reply = prometheus.query(rule["expr"], at)
+        assert reply["status"] == "success", (rule["alert"], reply)
+        assert not reply["data"]["result"], f"{rule['alert']} fires on a healthy run: {reply}"
+
+
 def test_the_chart_lints(tmp_path):
     """The small values above are valid chart values too."""
-    out = helm("lint", "--strict", str(CHART), *_small(tmp_path))
+    out = helm("lint", "--strict", str(CHART), *_small(tmp_path)[0])
     assert out.returncode == 0, out.stdout + out.stderr

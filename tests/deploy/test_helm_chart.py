@@ -38,7 +38,11 @@ CONFIGS = {
     "draft-trainer.yaml": DraftTrainerServerConfig,
     "run.yaml": RunConfig,
 }
-CUSTOM = {("resource.nvidia.com/v1beta1", "ComputeDomain"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
+CUSTOM = {
+    ("resource.nvidia.com/v1beta1", "ComputeDomain"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 
 
 def _helm() -> str:
@@ -63,7 +67,7 @@ def by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
 
 
 def configs(docs: list[dict]) -> dict[str, dict]:
-    (cm,) = by_kind(docs, "ConfigMap").values()
+    cm = by_kind(docs, "ConfigMap")["rl-specrl-config"]
     return {name: yaml.safe_load(text) for name, text in cm["data"].items()}
 
 

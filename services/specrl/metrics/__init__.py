@@ -63,9 +63,11 @@ class RolloutMetrics:
         )
         self.self_test_passed = Gauge(
             "specrl_rollout_self_test_passed",
-            "1 if the startup speculative-sampling self-test passed, 0 if it failed",
+            "1 if the startup speculative-sampling self-test passed, 0 if it failed, -1 until "
+            "it has run (or when it does not: disabled, no speculation)",
             registry=r,
         )
+        self.self_test_passed.set(-1)  # 0 would read as a failure
         self.self_test_p_value = Gauge(
             "specrl_rollout_self_test_p_value",
             "p-value of the startup speculative-sampling self-test",
