@@ -22,12 +22,17 @@ if ! command -v redis-server >/dev/null; then
     || { echo "could not install redis-server: install it with your package manager" >&2; exit 1; }
 fi
 
-# Prometheus and promtool: the tests run the Grafana dashboards' queries and the alert
-# rules against a real server (deploy/); specrl itself does not need them.
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-  say "installing prometheus (apt-get; for the observability tests)"
-  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null \
-    || { echo "could not install prometheus: install it with your package manager" >&2; exit 1; }
+# For the tests only (specrl itself needs neither): Prometheus and promtool run the
+# Grafana dashboards' queries and the alert rules against a real server (deploy/);
+# Chromium and its driver load the orchestrator's status page in a real browser.
+missing=""
+command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$missing prometheus"
+command -v chromium >/dev/null || missing="$missing chromium"
+command -v chromedriver >/dev/null || missing="$missing chromium-driver"
+if [ -n "$missing" ]; then
+  say "installing$missing (apt-get; for the observability and status-page tests)"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null \
+    || { echo "could not install$missing: install them with your package manager" >&2; exit 1; }
 fi
 
 # --- python environment ----------------------------------------------------------

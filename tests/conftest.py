@@ -1,10 +1,18 @@
 """Shared fixtures: the zoo (built once per machine, cached) and real rollout servers
-(one at a time, reused across tests that ask for the same config)."""
+(one at a time, reused across tests that ask for the same config); a real headless
+browser for the status page."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -155,3 +163,44 @@ def adapted_run(servers, tmp_path_factory) -> list[dict]:
     the system-level lossless test and the online-adaptation test."""
     servers.close()  # two cores: no other engine while it runs
     return system_run(tmp_path_factory.mktemp("adapted"), "adapted", adapt=True)
+
+
+ARTIFACTS = Path(
+    os.environ.get("SPECRL_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts")
+)
+T = TypeVar("T")
+
+
+def browser():
+    """Headless Chromium through Selenium, with the Debian chromedriver (no download)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "chromium / chromedriver not found: `make setup` installs them (apt-get)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1000,900"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def wait_for(fn: Callable[[], T], timeout_s: float = 20.0, what: str = "") -> T:
+    """Poll `fn` until it returns something true; that value."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := fn()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what or fn}"
+        time.sleep(0.2)
+    return value
+
+
+def http_json(port: int, path: str, *, method: str = "GET", token: str | None = None) -> tuple[int, dict]:
+    """`method` `path` on 127.0.0.1:`port` (a bearer `token` if given): (HTTP status, JSON)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)

@@ -99,7 +99,13 @@ def values_schema() -> dict[str, Any]:
         metricsPort=PORT,
         weightSyncPort=PORT,
     )
-    orchestrator = _component(_model(RunConfig, defs, only=LOOP_FIELDS), metricsPort=PORT, backoffLimit=COUNT)
+    orchestrator = _component(
+        _model(RunConfig, defs, only=LOOP_FIELDS),
+        metricsPort=PORT,
+        statusPort=PORT,
+        controlTokenSecret=STRING,
+        backoffLimit=COUNT,
+    )
     redis = _strict(
         {
             "enabled": BOOL,

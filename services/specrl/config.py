@@ -429,6 +429,12 @@ class OrchestratorConfig(StrictModel):
     # run restarts from the last one; the steps since are kept in Redis to train again.
     checkpoint_every: int = Field(10, ge=0)
     metrics_port: int | None = Field(None, ge=0, le=65535)
+    # The status page and its control API (pause, resume, checkpoint now) on this port
+    # (0 picks one); None: off (docs/orchestrator.md, Status page).
+    status_port: int | None = Field(None, ge=0, le=65535)
+    # The environment variable holding the control API's bearer token; unset, a token is
+    # generated and written to <run dir>/control-token (readable by its owner only).
+    control_token_env: str = Field("SPECRL_CONTROL_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:

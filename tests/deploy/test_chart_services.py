@@ -31,8 +31,11 @@ from specrl.config import DraftTrainerServerConfig, RolloutServerConfig, Trainer
 from specrl.launcher import ServiceProcess, free_port
 from specrl.queue.redis_server import RedisServer
 
+from conftest import ARTIFACTS, browser, http_json, wait_for
+
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 STEPS = 3
+TOKEN = "control-token"
 
 
 class Prometheus:
@@ -92,6 +95,7 @@ def _small(tmp_path) -> tuple[list[str], dict[str, int]]:
         "draftTrainer.metricsPort": free_port(),
         "draftTrainer.weightSyncPort": free_port(),
         "orchestrator.metricsPort": free_port(),
+        "orchestrator.statusPort": free_port(),
     }
     small = {
         **ports,
@@ -163,15 +167,20 @@ def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_p
             )
             assert health.returncode == 0, health.stderr
             # the orchestrator Job: the password comes from the environment (the Secret)
-            env = {**os.environ, "SPECRL_REDIS_PASSWORD": password}
-            run = subprocess.run(
-                [sys.executable, "-m", "specrl.cli", "run", "--config", str(files["run.yaml"])],
-                capture_output=True,
-                text=True,
-                timeout=800,
-                env=env,
-            )
-            assert run.returncode == 0, run.stdout + run.stderr
+            env = {**os.environ, "SPECRL_REDIS_PASSWORD": password, "SPECRL_CONTROL_TOKEN": TOKEN}
+            with open(tmp_path / "run.out", "w") as out:
+                run = subprocess.Popen(
+                    [sys.executable, "-m", "specrl.cli", "run", "--config", str(files["run.yaml"])],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            try:
+                paused_at = _steer_through_the_status_page(run, ports["orchestrator.statusPort"], tmp_path)
+                code = run.wait(timeout=800)
+            finally:
+                run.kill()
+            assert code == 0, (tmp_path / "run.out").read_text()
             during = time.time() - 3  # the orchestrator's series end when it exits
             _every_query_answers(prometheus, during)
         finally:
@@ -189,6 +198,47 @@ def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_p
     assert steps[-1]["draft"]["version"] >= 1 and steps[-1]["draft"]["updated"], steps[-1]["draft"]
     assert steps[-1]["acceptance_length"] > steps[0]["acceptance_length"] + 0.3, steps
     assert password not in (run_dir / "config.json").read_text()
+    # "checkpoint now", asked while paused before step k, saved at the end of step k (the
+    # others only at the end of the run): the time it took shows in that step's record
+    saved = [s["step"] for s in steps if s["time"]["checkpoint"] > 0.01]
+    assert saved == [paused_at, STEPS - 1], [s["time"]["checkpoint"] for s in steps]
+
+
+def _steer_through_the_status_page(run: subprocess.Popen, port: int, tmp_path: Path) -> int:
+    """Pause the live run through the control API, check it holds still, ask for a
+    checkpoint, watch the page in a real browser, resume; the step it paused before."""
+    from selenium.webdriver.common.by import By
+
+    def status() -> dict | None:
+        assert run.poll() is None, (tmp_path / "run.out").read_text()
+        try:
+            return http_json(port, "/api/status")[1]
+        except OSError:
+            return None  # not serving yet
+
+    wait_for(lambda: (s := status()) and s["state"] == "running", 300, "the status page")
+    assert http_json(port, "/api/pause", method="POST")[0] == 401  # no token, no control
+    assert http_json(port, "/api/pause", method="POST", token=TOKEN)[0] == 200
+    paused = wait_for(lambda: (s := status()) and s["state"] == "paused" and s, 300, "the pause")
+    k = paused["step"]
+    assert k < STEPS - 1, "the run was nearly done before it could be paused"
+    time.sleep(3)
+    assert status()["step"] == k  # held still at the step boundary
+    assert http_json(port, "/api/checkpoint", method="POST", token=TOKEN)[0] == 200
+    b = browser()
+    try:
+        b.get(f"http://127.0.0.1:{port}/")
+        wait_for(lambda: b.find_element(By.ID, "step").text == f"{k} / {STEPS}")
+        wait_for(lambda: "paused" in b.find_element(By.ID, "state").text)
+        assert "SERVING" in b.find_element(By.ID, "replicas").text
+        if k:  # the stage chart of the steps done
+            wait_for(lambda: b.find_elements(By.CSS_SELECTOR, "#stages rect"))
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        b.save_screenshot(str(ARTIFACTS / "status-page-live.png"))
+    finally:
+        b.quit()
+    assert http_json(port, "/api/resume", method="POST", token=TOKEN)[0] == 200
+    return k
 
 
 def _every_query_answers(prometheus: Prometheus, at: float) -> None:

@@ -40,6 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -52,6 +53,9 @@ from specrl.orchestrator.rewards import RewardFn
 from specrl.queue.streams import Delivery, PromptGroup, RolloutGroup, RunStreams
 from specrl.trainer.batch import Rollout
 from specrl.trainer.client import TrainerClient
+
+if TYPE_CHECKING:
+    from specrl.orchestrator.status import RunControl
 
 log = logging.getLogger("specrl.orchestrator")
 
@@ -84,10 +88,13 @@ class Orchestrator:
         checkpoint_dir: Path | None = None,
         check_alive: Callable[[], None] | None = None,
         draft: DraftTrainerClient | None = None,
+        control: RunControl | None = None,
     ) -> None:
         """`check_alive` raises when a service the loop needs is gone (a process that
         `specrl run` started and that exited for good); called while waiting for
-        rollouts, it may also start a dead rollout server again (System.check_alive)."""
+        rollouts, it may also start a dead rollout server again (System.check_alive).
+        `control` (the status page's control API) pauses the loop and asks for
+        checkpoints, at step boundaries."""
         self.cfg = cfg
         self.streams = streams
         self.trainer = trainer
@@ -100,6 +107,7 @@ class Orchestrator:
         self.checkpoint: str | None = None  # the last one saved
         self.check_alive = check_alive
         self.draft = draft
+        self.control = control
         self._pushed_at = 0.0
         self._draft_push = None  # the draft-trainer's answer to the last push
         self.version = trainer.status().step
@@ -131,6 +139,8 @@ class Orchestrator:
             for d in self.streams.recover(CONSUMER):
                 self._hold(d)
             while self.version < self.cfg.orchestrator.steps:
+                if self.control is not None:
+                    self.control.wait_while_paused(self.check_alive)
                 records.append(self.step())
             self._push()  # the replicas end on the final policy
         finally:
@@ -162,7 +172,7 @@ class Orchestrator:
         for d in self._taken:
             self.buffer.pop(d.entry_id, None)
         t4 = time.perf_counter()
-        self._checkpoint()
+        self._checkpoint(force=self.control is not None and self.control.take_checkpoint_request())
         t5 = time.perf_counter()
         m = resp.metrics
         # The replicas' drain at the start of a push waits for Generate calls in flight
@@ -189,13 +199,13 @@ class Orchestrator:
             self.on_step(record)
         return record
 
-    def _checkpoint(self) -> None:
-        """Every `checkpoint_every` versions and after the last step; the steps the
-        checkpoint holds are then no longer kept for replay."""
+    def _checkpoint(self, *, force: bool = False) -> None:
+        """Every `checkpoint_every` versions, after the last step and when `force`d; the
+        steps the checkpoint holds are then no longer kept for replay."""
         every, steps = self.cfg.orchestrator.checkpoint_every, self.cfg.orchestrator.steps
         if self.checkpoint_dir is None:
             return
-        if self.version >= steps or (every and self.version % every == 0):
+        if force or self.version >= steps or (every and self.version % every == 0):
             self.checkpoint = self.trainer.save(str(self.checkpoint_dir.resolve())).path
             self.streams.flush(self.version)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from specrl.orchestrator.data import PromptSource
 from specrl.orchestrator.loop import GenerationStalled, Orchestrator
 from specrl.orchestrator.report import write_report
 from specrl.orchestrator.rewards import load_reward
+from specrl.orchestrator.status import StatusPage
 from specrl.orchestrator.system import ServiceDied, System
 from specrl.queue.streams import RunStreams
 from specrl.rollout.client import RolloutClient
@@ -207,10 +210,13 @@ def _loop(
         ) as progress,
     ):
         task = progress.add_task("steps", total=steps)
+        page = _status_page(cfg, run_dir, system.replicas, console)
 
         def on_step(r: dict) -> None:
             progress.console.print(step_line(r, steps))
             progress.update(task, completed=r["step"] + 1)
+            if page is not None:
+                page.status.on_step(r, orchestrator.checkpoint)
 
         orchestrator = Orchestrator(
             cfg,
@@ -225,12 +231,17 @@ def _loop(
             checkpoint_dir=run_dir / "checkpoint",
             check_alive=system.check_alive,
             draft=draft,
+            control=page.control if page is not None else None,
         )
+        if page is not None:
+            page.status.running(orchestrator.version)
         try:
             records = earlier + orchestrator.run()
         finally:
             if draft is not None:
                 draft.close()
+            if page is not None:
+                page.stop()
         saved = orchestrator.checkpoint or str(checkpoint.find(run_dir / "checkpoint"))
     if source.skipped:
         console.print(f"[yellow]skipped dataset rows[/yellow]: {dict(source.skipped)}")
@@ -238,6 +249,26 @@ def _loop(
     (run_dir / "summary.json").write_text(json.dumps({"steps": len(records), "checkpoint": saved}))
     console.print(f"report: {report}; checkpoint: {saved}")
     return RunResult(run_dir, records, report, saved)
+
+
+def _status_page(cfg: RunConfig, run_dir: Path, replicas: list[str], console: Console) -> StatusPage | None:
+    """The status page and control API, when `orchestrator.status_port` is set; the control
+    token comes from the environment, or is made and kept in the run directory."""
+    o = cfg.orchestrator
+    if o.status_port is None:
+        return None
+    token = os.environ.get(o.control_token_env)
+    where = f"${o.control_token_env}"
+    if not token:
+        token = secrets.token_urlsafe(24)
+        path = run_dir / "control-token"
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(token + "\n")
+        where = str(path)
+    page = StatusPage(cfg.name, o.steps, replicas, port=o.status_port, token=token)
+    console.print(f"status page on :{page.port} (control token: {where})")
+    return page
 
 
 def _roll_back(streams: RunStreams, version: int, log_path: Path, console: Console) -> list[dict]:
