@@ -187,6 +187,7 @@ def test_bad_values_fail_with_a_message_that_names_the_field():
         ("--set", "trainer.config.trainer.tpp=2"): "tpp",
         ("--set", "trainer.procsPerNode=2"): "must equal trainer.config.trainer.tp x dp",
         ("--set", "redis.enabled=false"): "redis.url is required",
+        ("--set", "rollout.gpusPerReplica=2"): "must equal rollout.config.engine.tensor_parallel_size",
         ("--set", "orchestrator.config.sampling.temperature=0"): "orchestrator.config.sampling.temperature",
     }
     for args, message in cases.items():
