@@ -79,6 +79,24 @@ def values_schema() -> dict[str, Any]:
         metricsPort=PORT,
         startupSeconds={"type": "integer", "minimum": 10},
         podDisruptionBudget=_strict({"enabled": BOOL, "maxUnavailable": {"type": ["integer", "string"]}}),
+        autoscaling=_strict(
+            {
+                "enabled": BOOL,
+                "minReplicas": POSITIVE,
+                "maxReplicas": POSITIVE,
+                "targetCPUUtilizationPercentage": {"type": "integer", "minimum": 1, "maximum": 100},
+            }
+        ),
+        keda=_strict(
+            {
+                "enabled": BOOL,
+                "minReplicas": COUNT,
+                "maxReplicas": POSITIVE,
+                "lagCount": POSITIVE,
+                "pollingInterval": POSITIVE,
+                "cooldownPeriod": COUNT,
+            }
+        ),
     )
     trainer = _component(
         _model(TrainerServerConfig, defs),

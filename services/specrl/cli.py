@@ -344,21 +344,36 @@ def bench_step(
 @app.command("health")
 def health(
     addresses: list[str] = typer.Argument(
-        None, envvar="SPECRL_HEALTH_ADDRESS", help="host:port of specrl services (gRPC)."
+        None,
+        envvar="SPECRL_HEALTH_ADDRESS",
+        help="host:port of specrl services (gRPC); dns:NAME:PORT or file:PATH: every replica found there.",
     ),
     timeout: float = typer.Option(10.0, help="Seconds to wait for each answer."),
 ) -> None:
     """Ask specrl services whether they serve (gRPC health); exit 1 unless all do.
     The Helm chart's `helm test` runs this against every service of a release."""
+    from specrl.orchestrator.discovery import DiscoveryError, discover
     from specrl.serving import health_of
 
     if not addresses:
         _fail("no address: give host:port arguments or set SPECRL_HEALTH_ADDRESS")
     bad = 0
-    for address in addresses:
-        status = health_of(address, timeout)
-        bad += status != "SERVING"
-        console.print(f"{address}: [{'green' if status == 'SERVING' else 'red'}]{status}[/]")
+    for spec in addresses:
+        found = [spec]
+        if spec.startswith(("dns:", "file:")):
+            try:
+                found = discover(spec)
+            except DiscoveryError as e:
+                found, why = [], str(e)
+            else:
+                why = "no replica found"
+            if not found:
+                bad += 1
+                console.print(f"{spec}: [red]{why}[/]")
+        for address in found:
+            status = health_of(address, timeout)
+            bad += status != "SERVING"
+            console.print(f"{address}: [{'green' if status == 'SERVING' else 'red'}]{status}[/]")
     if bad:
         raise typer.Exit(1)
 

@@ -469,11 +469,19 @@ class RedisConfig(StrictModel):
 
 
 class RolloutFleetConfig(StrictModel):
-    """The rollout replicas: started by `specrl run` from `server`, or already running
-    at `addresses` (e.g. Kubernetes Services), never both."""
+    """The rollout replicas: started by `specrl run` from `server`, already running at
+    `addresses`, or found while the run goes on by `discover` (one of the three)."""
 
     replicas: int = Field(1, ge=0)
     addresses: tuple[str, ...] = ()
+    # Elastic replicas: "dns:NAME:PORT" (every address NAME resolves to, e.g. a Kubernetes
+    # headless Service) or "file:PATH" (host:port per line), looked up again every
+    # `discover_every_s`. A replica that appears joins once it holds the current policy;
+    # one that goes away is dropped (its prompts in flight are generated elsewhere).
+    discover: str | None = Field(None, pattern=r"^(dns:.+:\d+|file:.+)$")
+    discover_every_s: float = Field(10.0, gt=0)
+    # With `discover`: how long the run waits at start for a first replica that serves.
+    discover_timeout_s: float = Field(600.0, gt=0)
     server: RolloutServerConfig = RolloutServerConfig(port=0)
     # A replica started here that dies is started again on its address, up to this many
     # times each (the run goes on; the trainer catches it up to the current policy);
@@ -482,11 +490,26 @@ class RolloutFleetConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> RolloutFleetConfig:
-        if self.addresses and self.replicas:
-            raise ValueError("rollout: give replicas (started here) or addresses (running), not both")
-        if not self.addresses and not self.replicas:
-            raise ValueError("rollout: needs replicas >= 1 or addresses")
+        given = [
+            name
+            for name, on in (
+                ("replicas", self.replicas),
+                ("addresses", self.addresses),
+                ("discover", self.discover),
+            )
+            if on
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "rollout: give one of replicas >= 1 (started here), addresses (running) or discover "
+                f"(found at run time); got {', '.join(given) or 'none'}"
+            )
         return self
+
+    @property
+    def elsewhere(self) -> bool:
+        """The replicas run elsewhere (not started by `specrl run`)."""
+        return bool(self.addresses or self.discover)
 
 
 class TrainerFleetConfig(StrictModel):
@@ -529,7 +552,7 @@ class RunConfig(StrictModel):
         """Fields several services must agree on, checked once before anything starts
         (for the services started here; ones reached by address are checked live)."""
         engine, trainer = self.rollout.server.engine, self.trainer.server.trainer
-        local_rollout, local_trainer = not self.rollout.addresses, self.trainer.address is None
+        local_rollout, local_trainer = not self.rollout.elsewhere, self.trainer.address is None
         if local_rollout and local_trainer and engine.model != trainer.model:
             raise ValueError(
                 f"rollout.server.engine.model ({engine.model}) and trainer.server.trainer.model "
@@ -551,7 +574,7 @@ class RunConfig(StrictModel):
 
     def _check_draft_trainer(self) -> None:
         spec = self.rollout.server.speculation
-        if not self.rollout.addresses and spec.method != "eagle3":
+        if not self.rollout.elsewhere and spec.method != "eagle3":
             raise ValueError(
                 f"draft_trainer.enabled adapts an EAGLE-3 draft; rollout.server.speculation.method "
                 f"is {spec.method!r}"
@@ -562,7 +585,7 @@ class RunConfig(StrictModel):
                 "trainer.server.trainer.capture.enabled: true"
             )
         d = self.draft_trainer
-        if d.address is None and self.rollout.addresses and not d.server.draft:
+        if d.address is None and self.rollout.elsewhere and not d.server.draft:
             raise ValueError("draft_trainer.server.draft is required when the rollout servers run elsewhere")
 
     @property

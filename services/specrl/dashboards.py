@@ -188,7 +188,13 @@ DASHBOARDS = (
                     ),
                 ),
             ),
-            Panel("Queue depths", (("sum by (queue) (specrl_queue_depth)", "{{queue}}"),)),
+            Panel(
+                "Queue depths and rollout replicas",
+                (
+                    ("sum by (queue) (specrl_queue_depth)", "{{queue}}"),
+                    ("specrl_rollout_replicas", "replicas"),
+                ),
+            ),
             Panel(
                 "Versions",
                 (

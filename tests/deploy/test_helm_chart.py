@@ -42,6 +42,8 @@ CUSTOM = {
     ("resource.nvidia.com/v1beta1", "ComputeDomain"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("keda.sh/v1alpha1", "TriggerAuthentication"),
 }
 
 
@@ -123,12 +125,10 @@ def test_services_find_each_other_by_the_names_the_chart_gives_them(rendered):
     services = by_kind(docs, "Service")
     sets = by_kind(docs, "StatefulSet")
     rollout = sets["rl-specrl-rollout"]
-    # one address per rollout pod: <statefulset>-<i>.<headless service>.<namespace>.svc:<port>
+    # the orchestrator finds every rollout pod through the headless Service's DNS name
     assert rollout["spec"]["serviceName"] == "rl-specrl-rollout-headless"
-    assert run["rollout"]["addresses"] == [
-        f"rl-specrl-rollout-{i}.rl-specrl-rollout-headless.train.svc:{files['rollout.yaml']['port']}"
-        for i in range(rollout["spec"]["replicas"])
-    ]
+    port = files["rollout.yaml"]["port"]
+    assert run["rollout"] == {"replicas": 0, "discover": f"dns:rl-specrl-rollout-headless.train.svc:{port}"}
     assert services["rl-specrl-rollout-headless"]["spec"]["publishNotReadyAddresses"] is True
     # the trainer's gRPC Service reaches rank 0 only; its broadcast store is pod 0's name
     grpc_svc = services["rl-specrl-trainer"]["spec"]
@@ -166,7 +166,9 @@ def test_rollout_and_trainer_scale_independently():
     replicas = lambda docs, c: by_kind(docs, "StatefulSet")[f"rl-specrl-{c}"]["spec"]["replicas"]  # noqa: E731
     assert (replicas(base, "rollout"), replicas(base, "trainer")) == (1, 1)
     assert (replicas(more_rollout, "rollout"), replicas(more_rollout, "trainer")) == (5, 1)
-    assert len(configs(more_rollout)["run.yaml"]["rollout"]["addresses"]) == 5
+    assert (
+        configs(more_rollout)["run.yaml"]["rollout"] == configs(base)["run.yaml"]["rollout"]
+    )  # found by DNS
     assert (replicas(more_trainer, "rollout"), replicas(more_trainer, "trainer")) == (1, 2)
     assert configs(more_trainer)["run.yaml"]["rollout"] == configs(base)["run.yaml"]["rollout"]
     trainer = containers(more_trainer)["trainer"]
@@ -187,6 +189,7 @@ def test_bad_values_fail_with_a_message_that_names_the_field():
         ("--set", "trainer.config.trainer.tpp=2"): "tpp",
         ("--set", "trainer.procsPerNode=2"): "must equal trainer.config.trainer.tp x dp",
         ("--set", "redis.enabled=false"): "redis.url is required",
+        ("--set", "rollout.autoscaling.enabled=true", "--set", "rollout.keda.enabled=true"): "enable one",
         ("--set", "rollout.gpusPerReplica=2"): "must equal rollout.config.engine.tensor_parallel_size",
         ("--set", "orchestrator.config.sampling.temperature=0"): "orchestrator.config.sampling.temperature",
     }
@@ -292,5 +295,42 @@ def test_helm_test_asks_every_grpc_service_for_its_health():
     args = pod["spec"]["containers"][0]["args"]
     assert args[0] == "health"
     run = configs(docs)["run.yaml"]
-    services = {run["trainer"]["address"], run["draft_trainer"]["address"], *run["rollout"]["addresses"]}
+    services = {run["trainer"]["address"], run["draft_trainer"]["address"], run["rollout"]["discover"]}
     assert set(args) >= services
+
+
+def test_rollout_replicas_autoscale_on_cpu_or_on_the_prompt_queues_lag():
+    from specrl.queue.streams import GENERATORS, RunStreams
+
+    hpa_docs = render(
+        "--set", "rollout.autoscaling.enabled=true", "--set", "rollout.autoscaling.maxReplicas=6"
+    )
+    for d in hpa_docs:
+        if (d["apiVersion"], d["kind"]) not in CUSTOM:
+            kubernetes_validate.validate(d, KUBERNETES, strict=True)
+    (hpa,) = by_kind(hpa_docs, "HorizontalPodAutoscaler").values()
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"], hpa["spec"]["maxReplicas"]) == (
+        "StatefulSet",
+        "rl-specrl-rollout",
+        6,
+    )
+    # the autoscaler owns the replica count; the orchestrator follows it through DNS
+    assert "replicas" not in by_kind(hpa_docs, "StatefulSet")["rl-specrl-rollout"]["spec"]
+    keda_docs = render("--set", "rollout.keda.enabled=true")
+    (scaled,) = by_kind(keda_docs, "ScaledObject").values()
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "rl-specrl-rollout"
+    (trigger,) = scaled["spec"]["triggers"]
+    run = configs(keda_docs)["run.yaml"]
+    streams = RunStreams(None, run["name"])  # the stream and group the generators read
+    assert trigger["type"] == "redis-streams"
+    assert (
+        trigger["metadata"]["stream"] == streams.prompts
+        and trigger["metadata"]["consumerGroup"] == GENERATORS
+    )
+    assert run["redis"]["url"] == f"redis://{trigger['metadata']['address']}/0"
+    (auth,) = by_kind(keda_docs, "TriggerAuthentication").values()
+    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "password", "name": "rl-specrl-redis", "key": "password"}
+    ]

@@ -37,7 +37,7 @@ def _write(tmp_path, text: str, name: str = "run.yaml"):
         ("orchestrator: {stale: importance}", "needs trainer.server.trainer.grpo.is_cap"),
         ("rollout: {server: {engine: {model: zoo:draft}}}", "must be the same policy"),
         ("sampling: {max_tokens: 600}", "leaves no room"),
-        ("rollout: {replicas: 1, addresses: ['a:1']}", "not both"),
+        ("rollout: {replicas: 1, addresses: ['a:1']}", "give one of"),
         ("data: {prompts_per_step: 3}\nsampling: {n: 3}\ntrainer: {server: {trainer: {dp: 2}}}",
          "must split across trainer dp"),
         ("draft_trainer: {enabled: true}\nrollout: {server: {speculation: {method: eagle3, draft: d}}}",

@@ -282,6 +282,11 @@ class OrchestratorMetrics:
         self.queue_depth = Gauge(
             "specrl_queue_depth", "Groups waiting or in progress per queue", ["queue"], registry=r
         )
+        self.replicas = Gauge(
+            "specrl_rollout_replicas",
+            "Rollout replicas the loop generates on (elastic with rollout.discover)",
+            registry=r,
+        )
         self.reward = Gauge("specrl_step_reward_mean", "Mean reward of the last step's samples", registry=r)
         self.acceptance_length = Gauge(
             "specrl_step_acceptance_length",

