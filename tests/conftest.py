@@ -204,3 +204,56 @@ def http_json(port: int, path: str, *, method: str = "GET", token: str | None = 
             return r.status, json.load(r)
     except urllib.error.HTTPError as e:
         return e.code, json.load(e)
+
+
+def make_certificates(root: Path, *, name: str = "specrl") -> dict[str, Path]:
+    """A CA and one certificate it signs (SAN `name`, for servers and clients alike, as
+    the chart's cert-manager Certificate), PEM files under `root`: ca.crt, tls.crt, tls.key."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    days = datetime.timedelta(days=1)
+
+    def build(subject: str, key, issuer: str, signer, *, ca: bool) -> x509.Certificate:
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - days)
+            .not_valid_after(now + days)
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            b = b.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = build(f"{name} test CA", ca_key, f"{name} test CA", ca_key, ca=True)
+    cert = build(name, key, f"{name} test CA", ca_key, ca=False)
+    root.mkdir(parents=True, exist_ok=True)
+    pem = serialization.Encoding.PEM
+    files = {"ca": root / "ca.crt", "cert": root / "tls.crt", "key": root / "tls.key"}
+    files["ca"].write_bytes(ca.public_bytes(pem))
+    files["cert"].write_bytes(cert.public_bytes(pem))
+    files["key"].write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return files
+
+
+def tls_env(files: dict[str, Path]) -> dict[str, str]:
+    """The environment that turns specrl's mutual TLS on with `files`."""
+    return {
+        "SPECRL_TLS_CERT": str(files["cert"]),
+        "SPECRL_TLS_KEY": str(files["key"]),
+        "SPECRL_TLS_CA": str(files["ca"]),
+    }

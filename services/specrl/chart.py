@@ -174,6 +174,21 @@ def values_schema() -> dict[str, Any]:
         "draftTrainer": draft_trainer,
         "orchestrator": orchestrator,
         "redis": redis,
+        "tls": _strict(
+            {
+                "enabled": BOOL,
+                "existingSecret": STRING,
+                "serverName": NAME,
+                "certManager": _strict(
+                    {
+                        "enabled": BOOL,
+                        "issuerRef": _strict({"name": STRING, "kind": NAME, "group": NAME}),
+                        "duration": STRING,
+                        "renewBefore": STRING,
+                    }
+                ),
+            }
+        ),
         "networkPolicy": _strict({"enabled": BOOL, "metricsFrom": {"type": "array"}}),
         "serviceMonitor": _strict({"enabled": BOOL, "interval": STRING, "labels": OBJECT}),
         "prometheusRule": _strict({"enabled": BOOL, "labels": OBJECT}),

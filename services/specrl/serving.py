@@ -29,7 +29,7 @@ def start(
     add_servicer(server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = grpc_options.add_port(server, f"{host}:{port}")
     server.start()
     for name in ("", service_name):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -57,7 +57,7 @@ def wait_for_stop(server: grpc.Server) -> None:
 def health_of(address: str, timeout: float = 10.0) -> str:
     """The gRPC health of the service at `address` ("SERVING", "NOT_SERVING"), or the
     name of the gRPC error that kept it from answering ("UNAVAILABLE", ...)."""
-    with grpc.insecure_channel(address) as channel:
+    with grpc_options.channel(address) as channel:
         try:
             stub = health_pb2_grpc.HealthStub(channel)
             reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)

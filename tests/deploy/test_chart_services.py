@@ -2,7 +2,8 @@
 ConfigMap renders (values-cpu.yaml, made small) start a rollout server, a trainer and a
 draft-trainer as real processes, and `specrl run` with the rendered run.yaml trains
 against them and a password-protected Redis, the password passed the way the chart's
-Secret passes it. A real Prometheus scrapes every service's metrics port meanwhile, and
+Secret passes it, every gRPC connection under mutual TLS with the chart's settings (certificates
+made here). A real Prometheus scrapes every service's metrics port meanwhile, and
 every query of every dashboard panel and every alert rule is run against it. Only what
 a cluster provides is replaced: the Services' DNS names by loopback, the volume by a
 temporary directory."""
@@ -26,12 +27,12 @@ import redis
 import yaml
 from test_helm_chart import CHART, VALUES, configs, containers, helm, render
 
-from specrl import dashboards
+from specrl import dashboards, grpc_options, serving
 from specrl.config import DraftTrainerServerConfig, RolloutServerConfig, TrainerServerConfig, load_config
 from specrl.launcher import ServiceProcess, free_port
 from specrl.queue.redis_server import RedisServer
 
-from conftest import ARTIFACTS, browser, http_json, wait_for
+from conftest import ARTIFACTS, browser, http_json, make_certificates, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 STEPS = 3
@@ -100,6 +101,8 @@ def _small(tmp_path) -> tuple[list[str], dict[str, int]]:
     small = {
         **ports,
         "runs.mountPath": str(tmp_path / "runs"),
+        "tls.enabled": True,  # every gRPC connection below is mutual TLS
+        "tls.existingSecret": "specrl-tls",
         "rollout.replicas": 1,
         "rollout.config.engine.max_model_len": 128,
         "rollout.config.engine.kv_cache_gib": 0.25,
@@ -136,9 +139,15 @@ def _on_loopback(text: str, redis_port: int) -> str:
     return text.replace("127.0.0.1:6379", f"127.0.0.1:{redis_port}")
 
 
-def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_path):
+def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_path, monkeypatch):
     args, ports = _small(tmp_path)
     docs = render(*args)
+    # the TLS Secret the pods mount at /etc/specrl/tls, made here by a CA of the test's
+    # own; every process started below (and what they start) gets the chart's TLS env
+    pki = make_certificates(tmp_path / "pki")
+    for e in containers(docs)["rollout"]["env"]:
+        if e["name"].startswith("SPECRL_TLS_"):
+            monkeypatch.setenv(e["name"], e["value"].replace("/etc/specrl/tls", str(pki["ca"].parent)))
     metrics = [f"127.0.0.1:{port}" for key, port in ports.items() if key.endswith("metricsPort")]
     prometheus = Prometheus(tmp_path, metrics)
     with RedisServer(tmp_path / "redis") as server:
@@ -157,6 +166,10 @@ def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_p
                 ("draft-trainer.yaml", DraftTrainerServerConfig, "draft-trainer"),
             ]:
                 started.append(ServiceProcess(load_config(files[name], cls), service=service).start())
+            with monkeypatch.context() as plaintext:  # without the certificates: nothing
+                for name in grpc_options.TLS_ENV:
+                    plaintext.delenv(name)
+                assert all(serving.health_of(p.address, timeout=5) == "UNAVAILABLE" for p in started)
             # `helm test`: the chart's health pod asks every gRPC service
             args = containers(docs)["health"]["args"]
             health = subprocess.run(

@@ -44,6 +44,7 @@ CUSTOM = {
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("keda.sh/v1alpha1", "TriggerAuthentication"),
+    ("cert-manager.io/v1", "Certificate"),
 }
 
 
@@ -190,6 +191,7 @@ def test_bad_values_fail_with_a_message_that_names_the_field():
         ("--set", "trainer.procsPerNode=2"): "must equal trainer.config.trainer.tp x dp",
         ("--set", "redis.enabled=false"): "redis.url is required",
         ("--set", "rollout.autoscaling.enabled=true", "--set", "rollout.keda.enabled=true"): "enable one",
+        ("--set", "tls.enabled=true"): "tls.enabled needs tls.existingSecret or tls.certManager.enabled",
         ("--set", "rollout.gpusPerReplica=2"): "must equal rollout.config.engine.tensor_parallel_size",
         ("--set", "orchestrator.config.sampling.temperature=0"): "orchestrator.config.sampling.temperature",
     }
@@ -334,3 +336,31 @@ def test_rollout_replicas_autoscale_on_cpu_or_on_the_prompt_queues_lag():
     assert auth["spec"]["secretTargetRef"] == [
         {"parameter": "password", "name": "rl-specrl-redis", "key": "password"}
     ]
+
+
+def test_mutual_tls_reaches_every_grpc_peer_and_probes_speak_it():
+    docs = render(
+        *VALUES["cpu"],
+        *("--set", "tls.enabled=true", "--set", "tls.certManager.enabled=true"),
+        *("--set", "tls.certManager.issuerRef.name=specrl-ca"),
+    )
+    for d in docs:
+        if (d["apiVersion"], d["kind"]) not in CUSTOM:
+            kubernetes_validate.validate(d, KUBERNETES, strict=True)
+    (cert,) = by_kind(docs, "Certificate").values()
+    assert cert["spec"]["dnsNames"] == ["specrl"] and {"server auth", "client auth"} <= set(
+        cert["spec"]["usages"]
+    )
+    assert cert["spec"]["issuerRef"]["name"] == "specrl-ca"
+    for name in ("rollout", "trainer", "draft-trainer", "orchestrator", "health"):
+        c = containers(docs)[name]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert (
+            env["SPECRL_TLS_CERT"] == "/etc/specrl/tls/tls.crt" and env["SPECRL_TLS_SERVER_NAME"] == "specrl"
+        )
+        assert {"name": "tls", "mountPath": "/etc/specrl/tls", "readOnly": True} in c["volumeMounts"], name
+        volumes = {v["name"]: v for v in c["_pod"]["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == cert["spec"]["secretName"], name
+        if name in ("rollout", "draft-trainer"):  # the kubelet's gRPC probe cannot speak TLS
+            assert c["readinessProbe"]["exec"]["command"][:2] == ["specrl", "health"], name
+    assert "Certificate" not in {d["kind"] for d in render(*VALUES["cpu"])}  # off by default

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
-
 from specrl import grpc_options
 from specrl.v1 import draft_pb2 as pb
 from specrl.v1 import draft_pb2_grpc as pb_grpc
@@ -15,7 +13,7 @@ class DraftTrainerClient:
     def __init__(self, address: str, *, timeout: float = 600.0) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=grpc_options.OPTIONS)
+        self._channel = grpc_options.channel(address)
         self.stub = pb_grpc.DraftTrainerServiceStub(self._channel)
 
     def push_draft(self, replicas: Sequence[str]) -> pb.PushDraftResponse:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specrl import grpc_options
@@ -51,10 +50,7 @@ class RolloutClient:
     def __init__(self, address: str, *, timeout: float = 600.0) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(
-            address,
-            options=grpc_options.OPTIONS,
-        )
+        self._channel = grpc_options.channel(address)
         self.stub = pb_grpc.RolloutServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 

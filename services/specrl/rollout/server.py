@@ -222,7 +222,7 @@ async def create_server(
     pb_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(service), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(address)
+    port = grpc_options.add_port(server, address)
     if port == 0:
         raise OSError(f"could not bind {address}")
     await server.start()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specrl import grpc_options
@@ -47,7 +46,7 @@ class TrainerClient:
     def __init__(self, address: str, *, timeout: float = 3600.0) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=grpc_options.OPTIONS)
+        self._channel = grpc_options.channel(address)
         self.stub = pb_grpc.TrainerServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 

@@ -73,10 +73,7 @@ class PushResult:
 class _Member:
     def __init__(self, address: str) -> None:
         self.address = address
-        self.channel = grpc.insecure_channel(
-            address,
-            options=grpc_options.OPTIONS,
-        )
+        self.channel = grpc_options.channel(address)
         self.stub = pb_grpc.RolloutServiceStub(self.channel)
 
     def close(self) -> None:

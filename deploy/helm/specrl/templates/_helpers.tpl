@@ -70,6 +70,19 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- printf "dns:%s-rollout-headless.%s.svc:%d" $full .Release.Namespace (int .Values.rollout.port) }}
 {{- end }}
 
+{{/* The Secret with the services' TLS certificate, "" when mutual TLS is off. */}}
+{{- define "specrl.tlsSecret" -}}
+{{- if .Values.tls.enabled }}
+{{- if .Values.tls.existingSecret }}
+{{- .Values.tls.existingSecret }}
+{{- else if .Values.tls.certManager.enabled }}
+{{- printf "%s-tls" (include "specrl.fullname" .) }}
+{{- else }}
+{{- fail "tls.enabled needs tls.existingSecret or tls.certManager.enabled" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "specrl.runDir" -}}
 {{- printf "%s/%s" .Values.runs.mountPath .Values.orchestrator.config.name }}
 {{- end }}
@@ -170,6 +183,11 @@ annotations:
   persistentVolumeClaim:
     claimName: {{ include "specrl.runsClaim" .root }}
 {{- end }}
+{{- with include "specrl.tlsSecret" .root }}
+- name: tls
+  secret:
+    secretName: {{ . }}
+{{- end }}
 {{- end }}
 
 {{- define "specrl.volumeMounts" -}}
@@ -192,6 +210,11 @@ annotations:
 - name: runs
   mountPath: {{ $v.runs.mountPath }}
 {{- end }}
+{{- if include "specrl.tlsSecret" .root }}
+- name: tls
+  mountPath: /etc/specrl/tls
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{/* Container fields every specrl container shares (image, security, env). */}}
@@ -208,6 +231,16 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: metadata.name
+  {{- if include "specrl.tlsSecret" .root }}
+  - name: SPECRL_TLS_CERT
+    value: /etc/specrl/tls/tls.crt
+  - name: SPECRL_TLS_KEY
+    value: /etc/specrl/tls/tls.key
+  - name: SPECRL_TLS_CA
+    value: /etc/specrl/tls/ca.crt
+  - name: SPECRL_TLS_SERVER_NAME
+    value: {{ $v.tls.serverName | quote }}
+  {{- end }}
   {{- with .env }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
@@ -238,15 +271,20 @@ env:
 that the port answers, since a replica may report NOT_SERVING for a while (waiting for
 its first weights) without being broken. */}}
 {{- define "specrl.probes" -}}
+{{- /* the kubelet's gRPC probe speaks plaintext: under mutual TLS, `specrl health` asks */}}
+{{- $ask := dict "grpc" (dict "port" .port) }}
+{{- if .root.Values.tls.enabled }}
+{{- $ask = dict "exec" (dict "command" (list "specrl" "health" "--timeout" "5" (printf "127.0.0.1:%d" (int .port)))) }}
+{{- end -}}
 startupProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $ask | nindent 2 }}
   periodSeconds: 10
+  timeoutSeconds: 10
   failureThreshold: {{ div (int .startupSeconds) 10 }}
 readinessProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $ask | nindent 2 }}
   periodSeconds: 10
+  timeoutSeconds: 10
   failureThreshold: 3
 livenessProbe:
   tcpSocket:
