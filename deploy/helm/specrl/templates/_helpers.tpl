@@ -121,7 +121,7 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 
 {{/* Pod-level fields every specrl pod shares: (dict "root" $ "affinity" ...) */}}
 {{- define "specrl.podCommon" -}}
-{{- $v := .root.Values }}
+{{- $v := .root.Values -}}
 serviceAccountName: {{ include "specrl.serviceAccountName" .root }}
 automountServiceAccountToken: {{ $v.serviceAccount.automountToken }}
 securityContext:
@@ -151,6 +151,9 @@ affinity:
 {{- define "specrl.podMeta" -}}
 labels:
   {{- include "specrl.labels" . | nindent 2 }}
+  {{- with .extraLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 annotations:
   checksum/config: {{ include (print .root.Template.BasePath "/configmap.yaml") .root | sha256sum }}
   {{- with .root.Values.podAnnotations }}
@@ -160,7 +163,7 @@ annotations:
 
 {{/* Volumes of a specrl pod: config, scratch, models, and the run directory if `runs`. */}}
 {{- define "specrl.volumes" -}}
-{{- $v := .root.Values }}
+{{- $v := .root.Values -}}
 - name: config
   configMap:
     name: {{ include "specrl.fullname" .root }}-config
@@ -191,7 +194,7 @@ annotations:
 {{- end }}
 
 {{- define "specrl.volumeMounts" -}}
-{{- $v := .root.Values }}
+{{- $v := .root.Values -}}
 - name: config
   mountPath: /etc/specrl
   readOnly: true
@@ -219,7 +222,7 @@ annotations:
 
 {{/* Container fields every specrl container shares (image, security, env). */}}
 {{- define "specrl.containerCommon" -}}
-{{- $v := .root.Values }}
+{{- $v := .root.Values -}}
 image: {{ include "specrl.image" . }}
 imagePullPolicy: {{ $v.image.pullPolicy }}
 securityContext:
