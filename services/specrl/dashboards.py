@@ -42,7 +42,6 @@ class Panel:
     unit: str = "short"
     description: str = ""
     stacked: bool = False
-    kind: str = "timeseries"
 
 
 @dataclass(frozen=True)
@@ -306,7 +305,7 @@ def _panel_json(p: Panel, i: int) -> dict[str, Any]:
         custom.update({"drawStyle": "bars", "fillOpacity": 80, "stacking": {"mode": "normal", "group": "A"}})
     return {
         "id": i + 1,
-        "type": p.kind,
+        "type": "timeseries",
         "title": p.title,
         "description": p.description,
         "datasource": {"type": "prometheus", "uid": "${datasource}"},

@@ -25,22 +25,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 STEPS = 10
 
 
-def _replica(core: int) -> ServiceProcess:
-    cfg = RolloutServerConfig.model_validate(
-        {
-            "port": 0,
-            "engine": {
-                "model": "zoo:target",
-                "dtype": "float32",
-                "max_model_len": 128,
-                "kv_cache_gib": 0.25,
-                "cpu_threads_bind": str(core % (os.cpu_count() or 1)),  # one core each
-            },
-            "speculation": {"method": "eagle3", "num_speculative_tokens": 3, "draft": "zoo:eagle3-domain"},
-            "self_test": {"enabled": False},
-        }
-    )
-    return ServiceProcess(cfg, service="rollout")
+def _replica(server: dict, core: int) -> ServiceProcess:
+    """A rollout server of the run's config, on a core of its own (vLLM's default binding
+    puts every engine on core 0)."""
+    engine = {**server["engine"], "cpu_threads_bind": str(core % (os.cpu_count() or 1))}
+    return ServiceProcess(RolloutServerConfig.model_validate({**server, "engine": engine}), service="rollout")
 
 
 def _steps(path) -> list[dict]:
@@ -61,7 +50,8 @@ def test_replicas_join_and_leave_a_running_run(zoo, servers, tmp_path):
             trainer = ServiceProcess(trainer_cfg, service="trainer").start()
             # b is started (its pod created) before the run, but joins later: a step on
             # two cores takes seconds, an engine's start tens of seconds
-            a, b = _replica(0).start(), _replica(1).start()
+            server = cfg["rollout"]["server"]
+            a, b = _replica(server, 0).start(), _replica(server, 1).start()
             started += [trainer, a, b]
             replicas.write_text(f"# rollout replicas\n{a.address}\n")
             cfg["rollout"] = {"replicas": 0, "discover": f"file:{replicas}", "discover_every_s": 1.0}

@@ -55,6 +55,7 @@ def test_status_json_and_a_control_api_that_needs_the_token(page):
     assert (s["run"], s["state"], s["step"], s["steps"], s["draft_version"]) == ("tiny", "running", 3, 5, 2)
     assert [r["step"] for r in s["recent"]] == [0, 1, 2] and s["acceptance_length"] == pytest.approx(2.2)
     assert s["replicas"] == [{"address": page.status.replicas[0], "health": "UNAVAILABLE"}]
+    assert call(page, "/healthz") == (200, {"state": "running"})
     assert call(page, "/api/pause", method="POST")[0] == 401
     assert call(page, "/api/pause", method="POST", token="nope")[0] == 403
     assert not page.control.paused  # refused calls change nothing

@@ -28,10 +28,6 @@ class ServiceDied(RuntimeError):
     """A service started here exited while the run went on."""
 
 
-def serving_ok(address: str, timeout: float = 5.0) -> bool:
-    return serving.health_of(address, timeout) == "SERVING"
-
-
 def check_reachable(address: str, what: str, timeout: float = 10.0) -> None:
     """gRPC health of a service that is supposed to be running already."""
     if (status := serving.health_of(address, timeout)) != "SERVING":
@@ -124,10 +120,10 @@ class System:
                 found, why = [], str(e)
             else:
                 why = f"found {found or 'none'}, none serving"
-            serving = [a for a in found if serving_ok(a)]
-            if serving:
-                log.info("rollout replicas found by %s: %s serving of %s", spec, serving, found)
-                return serving
+            up = [a for a in found if serving.health_of(a, 5.0) == "SERVING"]
+            if up:
+                log.info("rollout replicas found by %s: %s serving of %s", spec, up, found)
+                return up
             if time.monotonic() > deadline:
                 raise StartupError(f"no rollout replica serves at {spec} after {timeout_s:g}s ({why})")
             time.sleep(2.0)
