@@ -129,11 +129,12 @@ def tiny_run_config(tmp_path, **orchestrator) -> dict:
     }
 
 
-def system_run(root, name: str, *, method: str = "eagle3", adapt: bool = False, steps: int = 3) -> list[dict]:
-    """A short synchronous `specrl run`, every service a real process: 16 prompts x 8
-    samples per step at lr 3e-5, the same seeds and prompts whatever the speculation.
-    EAGLE-3 starts from the generic-init draft, frozen or (adapt) adapted online by the
-    draft-trainer on the trainer's captured features."""
+def system_run(root, name: str, *, adapt: bool = False, steps: int = 3, compare: tuple[str, ...] = ()):
+    """A short synchronous `specrl run` with EAGLE-3, every service a real process: 16
+    prompts x 8 samples per step at lr 3e-5, the same seeds and prompts in every run (and
+    in its comparison runs, `compare`). EAGLE-3 starts from the generic-init draft, frozen
+    or (adapt) adapted online by the draft-trainer on the trainer's captured features.
+    Returns the `RunResult`."""
     from rich.console import Console
 
     from specrl.config import RunConfig
@@ -143,26 +144,24 @@ def system_run(root, name: str, *, method: str = "eagle3", adapt: bool = False, 
     cfg["name"] = name
     cfg["data"]["prompts_per_step"] = 16
     cfg["sampling"]["n"] = 8
+    cfg["compare"] = {"runs": list(compare), "steps": steps}
     trainer = cfg["trainer"]["server"]["trainer"]
     trainer["optim"]["lr"] = 3e-5  # the demo's first steps: little drift in 3 steps
-    spec = cfg["rollout"]["server"]["speculation"]
-    if method == "none":
-        cfg["rollout"]["server"]["speculation"] = {"method": "none"}
-    else:
-        spec["draft"] = "zoo:eagle3-generic"
+    cfg["rollout"]["server"]["speculation"]["draft"] = "zoo:eagle3-generic"
     if adapt:
         trainer["capture"] = {"enabled": True}
         training = {"lr": 1e-3, "holdout_every": 5}
         cfg["draft_trainer"] = {"enabled": True, "server": {"port": 0, "training": training}}
-    return run(RunConfig.model_validate(cfg), console=Console(quiet=True), metrics=False).records
+    return run(RunConfig.model_validate(cfg), console=Console(quiet=True), metrics=False)
 
 
 @pytest.fixture(scope="session")
-def adapted_run(servers, tmp_path_factory) -> list[dict]:
-    """EAGLE-3 from the generic-init draft with the draft-trainer adapting it, shared by
-    the system-level lossless test and the online-adaptation test."""
+def adapted_run(servers, tmp_path_factory):
+    """EAGLE-3 from the generic-init draft with the draft-trainer adapting it, and its AR
+    comparison run (`compare.runs: [ar]`), shared by the system-level lossless test and
+    the online-adaptation test."""
     servers.close()  # two cores: no other engine while it runs
-    return system_run(tmp_path_factory.mktemp("adapted"), "adapted", adapt=True)
+    return system_run(tmp_path_factory.mktemp("adapted"), "adapted", adapt=True, compare=("ar",))
 
 
 ARTIFACTS = Path(

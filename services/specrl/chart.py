@@ -75,8 +75,10 @@ def values_schema() -> dict[str, Any]:
         _model(RolloutServerConfig, defs),
         replicas=COUNT,
         gpusPerReplica=COUNT,
+        podsPerReplica={"type": "integer", "minimum": 1},
         port=PORT,
         metricsPort=PORT,
+        enginePort=PORT,
         startupSeconds={"type": "integer", "minimum": 10},
         podDisruptionBudget=_strict({"enabled": BOOL, "maxUnavailable": {"type": ["integer", "string"]}}),
         autoscaling=_strict(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -32,11 +33,13 @@ serve_app = typer.Typer(no_args_is_help=True, help="Run a specrl service.")
 draft_app = typer.Typer(no_args_is_help=True, help="EAGLE-3 drafts: offline initialization.")
 verify_app = typer.Typer(no_args_is_help=True, help="Statistical checks against a running server.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON + PNG outputs).")
+simulate_app = typer.Typer(no_args_is_help=True, help="Performance model and capacity planner.")
 app.add_typer(zoo_app, name="zoo")
 app.add_typer(serve_app, name="serve")
 app.add_typer(draft_app, name="draft")
 app.add_typer(verify_app, name="verify")
 app.add_typer(bench_app, name="bench")
+app.add_typer(simulate_app, name="simulate")
 
 console = Console(stderr=True)
 
@@ -46,6 +49,12 @@ def _logging(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+# sysexits.h: a retry may succeed. `specrl run` exits with it when a service failed and
+# the run's state is kept (`--resume` / `--continue`); a Kubernetes Job retries on it,
+# and fails at once on 2 (bad input, nothing to resume: a retry cannot help).
+EX_TEMPFAIL = 75
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -99,6 +108,34 @@ def serve_rollout(
     from specrl.rollout.server import serve
 
     raise typer.Exit(asyncio.run(serve(cfg, ready_file=str(ready_file) if ready_file else None)))
+
+
+@serve_app.command("rollout-worker")
+def serve_rollout_worker(
+    config: Path = typer.Option(..., "--config", "-c", help="The replica's RolloutServerConfig YAML."),
+    node_rank: int = typer.Option(
+        None, min=1, help="This node's rank in the engine (default: $LWS_WORKER_INDEX, a LeaderWorkerSet's)."
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run node N > 0 of a rollout replica whose vLLM engine spans machines
+    (engine.nnodes): its workers, driven by node 0's `specrl serve rollout`."""
+    try:
+        cfg = load_config(config, RolloutServerConfig)
+    except ConfigError as e:
+        _fail(str(e))
+    if node_rank is None:
+        index = os.environ.get("LWS_WORKER_INDEX", "")
+        if not index.isdigit():
+            _fail("--node-rank is needed (no LWS_WORKER_INDEX in the environment)")
+        node_rank = int(index)
+    _logging(verbose)
+    from specrl.rollout.engines.vllm_engine import serve_worker_node
+
+    try:
+        serve_worker_node(cfg, node_rank)
+    except ValueError as e:
+        _fail(str(e))
 
 
 @serve_app.command("trainer")
@@ -167,6 +204,11 @@ def run_command(
     resume: bool = typer.Option(
         False, help="Continue the run in the run directory from its last checkpoint (after a crash or kill)."
     ),
+    continue_: bool = typer.Option(
+        False,
+        "--continue",
+        help="--resume when the run directory holds the run, else start it (a Kubernetes Job's retries).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run RL end to end: Redis, rollout replicas, trainer and the orchestrator's loop."""
@@ -179,9 +221,17 @@ def run_command(
     from specrl.orchestrator.run import RunExists, RunInterrupted, run
     from specrl.orchestrator.system import StartupError
 
+    if continue_ and (fresh or resume):
+        _fail("--continue decides between starting and --resume by itself: give it alone")
+    if continue_:
+        resume = (cfg.run_dir / "config.json").exists()
+        what = "resuming the run in" if resume else "starting a run in"
+        console.print(f"--continue: {what} {cfg.run_dir}")
     try:
         run(cfg, console=console, fresh=fresh, resume=resume)
-    except (RunExists, RunInterrupted, DataError, StartupError, ValueError) as e:
+    except RunInterrupted as e:
+        _fail(str(e), code=EX_TEMPFAIL)
+    except (RunExists, DataError, StartupError, ValueError) as e:
         _fail(str(e))
 
 
@@ -339,6 +389,79 @@ def bench_step(
     from specrl.bench.step import run_step_bench
 
     run_step_bench(out, steps=steps, config=config, console=console)
+
+
+@simulate_app.command("validate")
+def simulate_validate(
+    out: Path = typer.Option(Path("docs/bench/simulator.json"), help="JSON output (PNG beside)."),
+) -> None:
+    """Calibrate on specrl's own benchmarks, then set the model beside the paper's points."""
+    from specrl.sim.report import run_validate
+
+    run_validate(out, console)
+
+
+@simulate_app.command("plan")
+def simulate_plan(
+    model: str = typer.Option(..., help="Model shape (qwen3-8b, qwen3-32b, qwen3-235b-a22b, ...)."),
+    gpus: int = typer.Option(..., min=1, help="GPUs for generation and training together."),
+    hardware: str = typer.Option("gb200", help="Accelerator (h100, h200, b200, gb200)."),
+    lag: int = typer.Option(None, min=0, max=8, help="Fix the policy lag (default: search 0, 1, 2)."),
+    k: int = typer.Option(None, min=0, max=16, help="Fix the draft length (default: search 0-7)."),
+    acceptance_length: float = typer.Option(3.0, help="EAGLE-3 acceptance length at k=3 (geometric)."),
+    prompts: int = typer.Option(512, min=1, help="Prompts per RL step."),
+    group_size: int = typer.Option(16, min=1, help="Samples per prompt."),
+    response_mean: float = typer.Option(1500, help="Mean response tokens (lognormal, sigma 1)."),
+    max_response: int = typer.Option(20480, help="Response length cap."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """Search the generation/training split, GPUs per replica, k and lag for the fastest step."""
+    import json
+
+    from specrl.sim import SimError
+    from specrl.sim.hardware import GPU_EFFICIENCY, get_hardware
+    from specrl.sim.models import get_model
+    from specrl.sim.planner import plan
+    from specrl.sim.speculation import Speculation
+    from specrl.sim.step import Workload
+
+    try:
+        chosen = plan(
+            model=get_model(model),
+            hw=get_hardware(hardware),
+            eff=GPU_EFFICIENCY,
+            workload=Workload(
+                prompts_per_step=prompts,
+                group_size=group_size,
+                prompt_tokens=200,
+                response_mean_tokens=response_mean,
+                response_sigma=1.0,
+                max_response_tokens=max_response,
+            ),
+            gpus=gpus,
+            draft=Speculation.from_acceptance_length("eagle3", 3, acceptance_length),
+            ks=(k,) if k is not None else tuple(range(8)),
+            lags=(lag,) if lag is not None else (0, 1, 2),
+        )
+    except (SimError, ValueError) as e:
+        _fail(str(e))
+    if as_json:
+        print(json.dumps(chosen.as_dict(), indent=2))
+        return
+    layout, r, spec = chosen.layout, chosen.result, chosen.speculation
+    console.print(
+        f"[green]plan[/green] for {model} on {gpus} x {hardware}: {layout.gen_gpus} generation GPUs "
+        f"({layout.replicas} replicas x {layout.gen_tp}), {layout.train_gpus} training GPUs, "
+        f"{spec.method} k={spec.k} (AL {spec.acceptance_length:.2f}), lag {chosen.lag}"
+    )
+    console.print(
+        f"step {r.step_s:.1f} s (gen {r.gen_s:.1f}, exposed {r.exposed_gen_s:.1f}, "
+        f"logprob {r.logprob_s:.1f}, train {r.train_s:.1f}, sync {r.weight_sync_s:.1f}); idle: "
+        f"generation {r.idle_gen_s:.1f} s, training {r.idle_train_s:.1f} s; "
+        f"{chosen.speedup:.2f}x over the best AR sync layout ({chosen.baseline.step_s:.1f} s)"
+    )
+    console.print("Helm values (deploy/helm/specrl):")
+    print(chosen.helm_values(), end="")
 
 
 @app.command("health")

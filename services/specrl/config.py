@@ -112,11 +112,34 @@ class EngineConfig(StrictModel):
     enable_prefix_caching: bool = True
     seed: int = 0
     tensor_parallel_size: int = Field(1, ge=1)
+    # One replica across several machines (pods; a LeaderWorkerSet in deploy/helm):
+    # vLLM's multi-node executor with the tensor-parallel ranks split evenly over
+    # `nnodes`. Node 0 is `specrl serve rollout`, every other node `specrl serve
+    # rollout-worker --node-rank N`, all with this config. `master_addr` is node 0's
+    # address (None: $LWS_LEADER_ADDRESS, which a LeaderWorkerSet sets, else this
+    # machine); `master_port` the engine's rendezvous port on it.
+    nnodes: int = Field(1, ge=1)
+    master_addr: str | None = None
+    master_port: int = Field(29600, ge=1, le=65535)
     # CPU engines only (vLLM's VLLM_CPU_OMP_THREADS_BIND): "auto" binds the engine's
     # compute threads to the first free cores, which is core 0 for *every* engine on the
     # machine, so engines sharing a machine must be given distinct cores, e.g. "1" or
     # "2-3" ("|" separates tensor-parallel ranks); "nobind" leaves placement to the OS.
     cpu_threads_bind: str = Field("auto", pattern=r"^(auto|nobind|[0-9,\-|]+)$")
+
+    @model_validator(mode="after")
+    def _nodes(self) -> EngineConfig:
+        if self.tensor_parallel_size % self.nnodes:
+            raise ValueError(
+                f"tensor_parallel_size ({self.tensor_parallel_size}) must split evenly over nnodes "
+                f"({self.nnodes})"
+            )
+        return self
+
+    @property
+    def leader(self) -> str:
+        """Node 0's address for the engine's rendezvous."""
+        return self.master_addr or os.environ.get("LWS_LEADER_ADDRESS") or "127.0.0.1"
 
 
 class SelfTestConfig(StrictModel):
@@ -529,6 +552,21 @@ class DraftTrainerFleetConfig(StrictModel):
     server: DraftTrainerServerConfig = DraftTrainerServerConfig(port=0)
 
 
+CompareRun = Literal["ar", "async"]
+
+
+class CompareConfig(StrictModel):
+    """Short runs of the same job after the main one, from the same initial weights, seeds
+    and prompts, reported beside it (`make demo`: the speculative run's stage breakdown
+    next to AR's, and asynchronous RL's exposed generation). `ar`: the main run without
+    speculation; `async`: the main run with policy lag 1."""
+
+    runs: tuple[CompareRun, ...] = ()
+    # Steps per comparison run; the side-by-side table compares the first `steps` steps of
+    # every run, leaving out the first (it warms engines and caches up).
+    steps: int = Field(4, ge=2)
+
+
 class RunConfig(StrictModel):
     """`specrl run --config FILE`: the whole system on one machine, or the orchestrator
     against services running elsewhere."""
@@ -546,6 +584,7 @@ class RunConfig(StrictModel):
     rollout: RolloutFleetConfig = RolloutFleetConfig()
     trainer: TrainerFleetConfig = TrainerFleetConfig()
     draft_trainer: DraftTrainerFleetConfig = DraftTrainerFleetConfig()
+    compare: CompareConfig = CompareConfig()
 
     @model_validator(mode="after")
     def _agree(self) -> RunConfig:
@@ -570,7 +609,27 @@ class RunConfig(StrictModel):
             raise ValueError(f"prompts_per_step x n ({batch}) must split across trainer dp ({trainer.dp})")
         if self.draft_trainer.enabled:
             self._check_draft_trainer()
+        if self.compare.runs:
+            self._check_compare()
         return self
+
+    def _check_compare(self) -> None:
+        runs = self.compare.runs
+        if len(set(runs)) != len(runs):
+            raise ValueError(f"compare.runs lists a run twice: {list(runs)}")
+        remote = self.rollout.elsewhere or self.trainer.address or self.draft_trainer.address
+        if remote:
+            raise ValueError(
+                "compare.runs needs the services started here (a comparison changes how they run); "
+                "drop rollout.addresses / rollout.discover / trainer.address / draft_trainer.address"
+            )
+        if "ar" in runs and self.rollout.server.speculation.method == "none":
+            raise ValueError("compare.runs: 'ar' is the main run itself (speculation.method is none)")
+        if "async" in runs and self.orchestrator.max_lag > 0:
+            raise ValueError(
+                f"compare.runs: 'async' (lag 1) needs a synchronous main run; orchestrator.max_lag is "
+                f"{self.orchestrator.max_lag}"
+            )
 
     def _check_draft_trainer(self) -> None:
         spec = self.rollout.server.speculation

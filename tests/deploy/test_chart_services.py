@@ -85,7 +85,9 @@ class Prometheus:
         self.proc.wait(timeout=30)
 
 
-def _small(tmp_path) -> tuple[list[str], dict[str, int]]:
+def small_values(tmp_path, extra: dict | None = None) -> tuple[list[str], dict[str, int]]:
+    """Helm args for values-cpu.yaml made small (and `extra`, dotted keys), with free
+    ports for every service; (args, those ports)."""
     ports = {
         "rollout.port": free_port(),
         "rollout.metricsPort": free_port(),
@@ -118,6 +120,7 @@ def _small(tmp_path) -> tuple[list[str], dict[str, int]]:
         "orchestrator.config.sampling.max_tokens": 32,
         "orchestrator.config.orchestrator.steps": STEPS,
         "orchestrator.config.orchestrator.concurrency": 8,
+        **(extra or {}),
     }
     tree: dict = {}
     for dotted, value in small.items():
@@ -133,14 +136,14 @@ def _small(tmp_path) -> tuple[list[str], dict[str, int]]:
     return [*VALUES["cpu"], "-f", str(path)], ports
 
 
-def _on_loopback(text: str, redis_port: int) -> str:
+def on_loopback(text: str, redis_port: int) -> str:
     """What the cluster's DNS would do: every Service name is this machine."""
     text = re.sub(r"[a-z0-9-]+(\.[a-z0-9-]+)*\.svc", "127.0.0.1", text)
     return text.replace("127.0.0.1:6379", f"127.0.0.1:{redis_port}")
 
 
 def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_path, monkeypatch):
-    args, ports = _small(tmp_path)
+    args, ports = small_values(tmp_path)
     docs = render(*args)
     # the TLS Secret the pods mount at /etc/specrl/tls, made here by a CA of the test's
     # own; every process started below (and what they start) gets the chart's TLS env
@@ -156,7 +159,7 @@ def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_p
         files = {}
         for name, data in configs(docs).items():
             path = tmp_path / name
-            path.write_text(_on_loopback(yaml.safe_dump(data), server.port))
+            path.write_text(on_loopback(yaml.safe_dump(data), server.port))
             files[name] = path
         started: list[ServiceProcess] = []
         try:
@@ -173,7 +176,7 @@ def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_p
             # `helm test`: the chart's health pod asks every gRPC service
             args = containers(docs)["health"]["args"]
             health = subprocess.run(
-                [sys.executable, "-m", "specrl.cli", *(_on_loopback(a, server.port) for a in args)],
+                [sys.executable, "-m", "specrl.cli", *(on_loopback(a, server.port) for a in args)],
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -272,5 +275,5 @@ def _every_query_answers(prometheus: Prometheus, at: float) -> None:
 
 def test_the_chart_lints(tmp_path):
     """The small values above are valid chart values too."""
-    out = helm("lint", "--strict", str(CHART), *_small(tmp_path)[0])
+    out = helm("lint", "--strict", str(CHART), *small_values(tmp_path)[0])
     assert out.returncode == 0, out.stdout + out.stderr

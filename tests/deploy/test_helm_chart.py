@@ -47,6 +47,7 @@ CUSTOM = {
     ("cert-manager.io/v1", "Certificate"),
     ("jobset.x-k8s.io/v1alpha2", "JobSet"),
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
 }
 
 
@@ -409,3 +410,84 @@ def test_the_trainer_as_one_gang_a_jobset_with_scheduling_hooks():
     assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == group["metadata"]["name"]
     assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
     assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpus"
+
+
+def test_a_replica_spanning_pods_is_a_leaderworkerset_group():
+    """rollout.podsPerReplica: each replica a LeaderWorkerSet group, the leader serving
+    gRPC (`specrl serve rollout`), the workers `specrl serve rollout-worker`, the engine
+    config split over them; only leaders behind the Service the orchestrator discovers
+    replicas by, and the autoscaler scales the LeaderWorkerSet."""
+    docs = render(
+        *VALUES["gb200"],
+        *("--set", "rollout.podsPerReplica=2", "--set", "rollout.gpusPerReplica=8"),
+        *("--set", "rollout.config.engine.tensor_parallel_size=8"),
+        *("--set", "rollout.autoscaling.enabled=true"),
+    )
+    assert "rl-specrl-rollout" not in by_kind(docs, "StatefulSet")
+    (lws,) = by_kind(docs, "LeaderWorkerSet").values()
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert "replicas" not in lws["spec"]  # the HPA owns it
+    pods = {role: group[f"{role}Template"] for role in ("leader", "worker")}
+    for role, pod in pods.items():
+        # each pod template validates strictly as a Pod (the LeaderWorkerSet has no bundled schema)
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": role}, "spec": pod["spec"]},
+            KUBERNETES,
+            strict=True,
+        )
+        assert pod["metadata"]["labels"]["specrl.dev/rollout-role"] == role
+        (c,) = pod["spec"]["containers"]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 4  # 8 per replica over 2 pods
+    leader, worker = (pods[r]["spec"]["containers"][0] for r in ("leader", "worker"))
+    assert leader["args"][:2] == ["serve", "rollout"] and "startupProbe" in leader
+    assert worker["args"][:2] == ["serve", "rollout-worker"] and "ports" not in worker
+    engine = configs(docs)["rollout.yaml"]["engine"]
+    assert engine["nnodes"] == 2 and engine["master_port"] == 29600 and "master_addr" not in engine
+    RolloutServerConfig.model_validate(configs(docs)["rollout.yaml"])
+    selector = by_kind(docs, "Service")["rl-specrl-rollout-headless"]["spec"]["selector"]
+    assert selector["specrl.dev/rollout-role"] == "leader"
+    (hpa,) = by_kind(docs, "HorizontalPodAutoscaler").values()
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "name": lws["metadata"]["name"],
+    }
+    bad = helm("template", "rl", str(CHART), "--set", "rollout.podsPerReplica=3",
+               "--set", "rollout.config.engine.tensor_parallel_size=2")  # fmt: skip
+    assert bad.returncode != 0 and "must split evenly over rollout.podsPerReplica" in bad.stderr
+
+
+@pytest.mark.parametrize(("model", "gpus", "ks"), [("qwen3-8b", 64, (3,)), ("qwen3-235b-a22b", 512, (0, 3))])
+def test_a_simulator_plans_helm_values_deploy_with_the_chart(tmp_path, model, gpus, ks):
+    """What `specrl simulate plan` prints is a values file the chart renders (over the
+    GB200 values) into services whose configs load; a 235B replica spans pods."""
+    from specrl.sim.hardware import GPU_EFFICIENCY, get_hardware
+    from specrl.sim.models import get_model
+    from specrl.sim.planner import plan
+    from specrl.sim.speculation import Speculation
+    from specrl.sim.step import Workload
+
+    chosen = plan(
+        model=get_model(model),
+        hw=get_hardware("gb200"),
+        eff=GPU_EFFICIENCY,
+        workload=Workload(
+            prompts_per_step=64,
+            group_size=8,
+            prompt_tokens=100,
+            response_mean_tokens=500,
+            max_response_tokens=4096,
+        ),
+        gpus=gpus,
+        draft=Speculation.from_acceptance_length("eagle3", 3, 3.0),
+        ks=ks,
+        lags=(0, 1),
+    )
+    path = tmp_path / "plan.yaml"
+    path.write_text(chosen.helm_values())
+    rendered = configs(render(*VALUES["gb200"], "-f", str(path)))
+    rollout = RolloutServerConfig.model_validate(rendered["rollout.yaml"])
+    TrainerServerConfig.model_validate(rendered["trainer.yaml"])
+    assert rollout.engine.tensor_parallel_size == chosen.layout.gen_tp
+    assert rollout.engine.nnodes == max(1, chosen.layout.gen_tp // 4)  # 4 GPUs per GB200 node

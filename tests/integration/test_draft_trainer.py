@@ -40,8 +40,8 @@ pytestmark = [pytest.mark.zoo]
 @pytest.mark.timeout(900)
 def test_online_adaptation_in_the_rl_loop_beats_the_same_draft_frozen(adapted_run, servers, tmp_path):
     servers.close()
-    frozen = system_run(tmp_path, "frozen")
-    adapted = adapted_run
+    frozen = system_run(tmp_path, "frozen").records
+    adapted = adapted_run.records
     assert [r["group_ids"] for r in frozen] == [r["group_ids"] for r in adapted]
     al_frozen = [round(r["acceptance_length"], 3) for r in frozen]
     al_adapted = [round(r["acceptance_length"], 3) for r in adapted]

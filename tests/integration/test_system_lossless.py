@@ -1,6 +1,8 @@
 """Lossless at the system level: two short synchronous RL runs of `specrl run` (every
 service a real process), identical but for speculation, with the same seeds, so the same
-prompts at every step and the same initial policy. The speculative run is the hard case:
+prompts at every step and the same initial policy: one run and its AR comparison run
+(`compare.runs: [ar]`, whose side-by-side report is checked too). The speculative run is
+the hard case:
 EAGLE-3 (k = 3) from the generic-init draft while the draft-trainer adapts it and
 publishes a new draft at every step, so the draft changes under the sampler mid-run.
 
@@ -22,8 +24,6 @@ import pytest
 
 from specrl.stats.lossless import detectable_reward_difference, reward_difference_p
 
-from conftest import system_run
-
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(1200)]
 
 ALPHA = 1e-3
@@ -31,10 +31,8 @@ ALPHA = 1e-3
 MISMATCH_FACTOR, MISMATCH_FLOOR = 5.0, 1e-4
 
 
-def test_rl_runs_with_and_without_speculation_are_indistinguishable(adapted_run, servers, tmp_path):
-    spec = adapted_run
-    servers.close()  # two cores: no other engine while the AR run runs
-    ar = system_run(tmp_path, "none", method="none")
+def test_rl_runs_with_and_without_speculation_are_indistinguishable(adapted_run):
+    spec, ar = adapted_run.records, adapted_run.compared["ar"]
 
     assert [r["group_ids"] for r in ar] == [r["group_ids"] for r in spec]
     assert all(r["acceptance_length"] == 1.0 for r in ar)
@@ -57,3 +55,21 @@ def test_rl_runs_with_and_without_speculation_are_indistinguishable(adapted_run,
     worst_spec = max(r["mismatch_max_abs"] for r in spec)
     print(f"trainer vs engine logprob mismatch (max abs): AR {worst_ar:.2e}, EAGLE-3 {worst_spec:.2e}")
     assert worst_spec <= MISMATCH_FACTOR * worst_ar + MISMATCH_FLOOR
+
+
+def test_the_report_puts_the_run_beside_its_ar_comparison(adapted_run):
+    """Both runs' step logs kept, and the report's side-by-side table: AR is the baseline
+    (ratios 1.0), the speculative run's ratios are its own times against AR's."""
+    run_dir = adapted_run.run_dir
+    assert len((run_dir / "compare" / "ar" / "steps.jsonl").read_text().splitlines()) == 3
+    report = adapted_run.report.read_text()
+    table = report[report.index("## Side by side") :].split("\n\n")[2].splitlines()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in table[2:]}
+    header = [c.strip() for c in table[0].split("|")[1:-1]]
+    col = {name: header.index(name) for name in ("gen_s", "gen_speedup_vs_ar", "acceptance_length")}
+    ar, spec = rows["AR, lag 0"], rows["eagle3 k=3, lag 0"]
+    assert float(ar[col["gen_speedup_vs_ar"]]) == 1.0 and float(ar[col["acceptance_length"]]) == 1.0
+    expected = float(ar[col["gen_s"]]) / float(spec[col["gen_s"]])
+    assert float(spec[col["gen_speedup_vs_ar"]]) == pytest.approx(expected, rel=0.01)
+    assert float(spec[col["acceptance_length"]]) > 1.2
+    assert adapted_run.report.with_suffix(".png").stat().st_size > 10_000

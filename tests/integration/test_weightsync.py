@@ -81,7 +81,7 @@ class Reference:
         return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
-def _max_logprob_gap(client: RolloutClient, ref: Reference, tok, seed: int = 0) -> tuple[float, list]:
+def max_logprob_gap(client: RolloutClient, ref: Reference, tok, seed: int = 0) -> tuple[float, list]:
     """Largest |server logprob - reference logprob| over a few sampled rollouts."""
     prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS[:3]]
     resp = client.generate(prompt_ids, n=1, max_tokens=24, temperature=1.0, seed=seed)
@@ -186,15 +186,15 @@ def test_draft_sync_reaches_the_drafter_and_policy_sync_leaves_it_alone(system):
 def test_policy_update_serves_the_senders_logprobs(system):
     r1, _ = system["clients"]
     ref, tok = system["ref"], system["tok"]
-    gap, _ = _max_logprob_gap(r1, ref, tok)
+    gap, _ = max_logprob_gap(r1, ref, tok)
     assert gap < 2e-3, f"before the update the server should match the sender's weights, gap {gap:.2e}"
     v = _push_policy(system, seed=11)
-    gap, samples = _max_logprob_gap(r1, ref, tok)
+    gap, samples = max_logprob_gap(r1, ref, tok)
     assert gap < 2e-3, f"server logprobs differ from the sender's new weights by {gap:.2e}"
     assert {s.policy_version for s in samples} == {v}
     # and they are not the old weights' logprobs
     ref.restore()
-    old_gap, _ = _max_logprob_gap(r1, ref, tok)
+    old_gap, _ = max_logprob_gap(r1, ref, tok)
     assert old_gap > 0.05, f"logprobs barely moved ({old_gap:.2e}): was the update applied?"
     ref.perturb(11)
 
@@ -255,15 +255,16 @@ def test_bad_updates_are_refused_and_the_last_good_version_keeps_serving(system)
             _begin(r1, v, e, specs)
         assert err.value.code().name == code and re.search(match, err.value.details()), err.value.details()
 
-    # a valid Begin, then a concurrent one: refused while the first is pending
-    state = _begin(r1, version + 1, epoch, good)
+    # a valid Begin (a lower version, with rewind: a trainer resumed from a checkpoint),
+    # then a concurrent one: refused while the first is pending
+    state = _begin(r1, version - 1, epoch, good, rewind=True)
     assert state.state == "receiving"
     with pytest.raises(grpc.RpcError) as err:
         _begin(r1, version + 2, epoch, good)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "in progress" in err.value.details()
     # the sender never broadcasts; abort, and the engine leaves the broadcast at the timeout
     r1.stub.AbortWeightUpdate(
-        pb.AbortWeightUpdateRequest(kind=pb.WEIGHT_KIND_POLICY, version=version + 1, reason="test"),
+        pb.AbortWeightUpdateRequest(kind=pb.WEIGHT_KIND_POLICY, version=version - 1, reason="test"),
         timeout=30,
     )
     deadline = time.monotonic() + 3 * TIMEOUT_S
@@ -271,12 +272,12 @@ def test_bad_updates_are_refused_and_the_last_good_version_keeps_serving(system)
         time.sleep(0.2)
     st = r1.status().weight_sync
     assert st.state == "idle" and st.ready and st.policy_version == version, st
-    gap, samples = _max_logprob_gap(r1, ref, tok)
+    gap, samples = max_logprob_gap(r1, ref, tok)
     assert gap < 2e-3 and {s.policy_version for s in samples} == {version}
     # the server left the broken group; the sender notices and re-forms on its next push
     v = _push_policy(system, seed=13)
     assert r1.status().weight_sync.policy_epoch == policy.epoch > epoch
-    assert _max_logprob_gap(r1, ref, tok)[0] < 2e-3 and r1.status().weight_sync.policy_version == v
+    assert max_logprob_gap(r1, ref, tok)[0] < 2e-3 and r1.status().weight_sync.policy_version == v
 
 
 def test_replicas_join_catch_up_leave_and_rejoin(system):
@@ -292,12 +293,12 @@ def test_replicas_join_catch_up_leave_and_rejoin(system):
     v = system["version"]
     assert r2.health() == health_pb2.HealthCheckResponse.SERVING
     assert r2.status().weight_sync.policy_version == v
-    assert _max_logprob_gap(r2, ref, tok)[0] < 2e-3
+    assert max_logprob_gap(r2, ref, tok)[0] < 2e-3
 
     v = _push_policy(system, seed=14)  # both members
     for c in (r1, r2):
         assert c.status().weight_sync.policy_version == v
-        assert _max_logprob_gap(c, ref, tok)[0] < 2e-3
+        assert max_logprob_gap(c, ref, tok)[0] < 2e-3
 
     policy.remove_replica(p2.address)
     v = _push_policy(system, seed=15)  # r1 only
@@ -307,7 +308,7 @@ def test_replicas_join_catch_up_leave_and_rejoin(system):
     policy.add_replica(p2.address)  # back: caught up before it is a member again
     for c in (r1, r2):
         assert c.status().weight_sync.policy_version == v
-        assert _max_logprob_gap(c, ref, tok)[0] < 2e-3
+        assert max_logprob_gap(c, ref, tok)[0] < 2e-3
 
 
 def test_a_receiver_killed_mid_broadcast_is_dropped_and_the_rest_get_the_update(system):
@@ -330,7 +331,7 @@ def test_a_receiver_killed_mid_broadcast_is_dropped_and_the_rest_get_the_update(
     assert took < 4 * TIMEOUT_S + 30, f"push took {took:.0f}s: something waited past the timeouts"
     st = r1.status().weight_sync
     assert st.policy_version == system["version"] and st.ready
-    assert _max_logprob_gap(r1, ref, tok)[0] < 2e-3
+    assert max_logprob_gap(r1, ref, tok)[0] < 2e-3
     assert p2.address not in policy.members
 
 

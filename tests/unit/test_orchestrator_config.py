@@ -46,6 +46,12 @@ def _write(tmp_path, text: str, name: str = "run.yaml"):
          "adapts an EAGLE-3 draft"),
         ("draft_trainer: {server: {weight_sync: {kind: policy}}}", "must be 'draft'"),
         ("draft_trainer: {server: {publish_every: 0}}", "publish_every"),
+        ("compare: {runs: [ar, ar]}", "lists a run twice"),
+        ("compare: {runs: [ar]}\nrollout: {server: {speculation: {method: none}}}", "'ar' is the main run"),
+        ("compare: {runs: [async]}\norchestrator: {max_lag: 2}", "needs a synchronous main run"),
+        ("compare: {runs: [ar]}\ntrainer: {address: 'h:1'}", "needs the services started here"),
+        ("compare: {runs: [sync]}", "compare.runs.0"),
+        ("compare: {runs: [ar], steps: 1}", "compare.steps"),
     ],
 )  # fmt: skip
 def test_bad_run_configs_name_the_field(tmp_path, yaml_text, message):
@@ -160,3 +166,44 @@ def test_the_redis_password_comes_from_the_named_environment_variable(monkeypatc
     monkeypatch.setenv("SPECRL_REDIS_PASSWORD", "s3cret")
     assert cfg.redis.password() == "s3cret"
     assert "s3cret" not in cfg.model_dump_json()  # what a run saves as its config.json
+
+
+def test_comparison_runs_change_one_thing_of_the_main_run(tmp_path):
+    """`ar` drops speculation (and the draft-trainer with it), `async` sets lag 1; both
+    keep everything else and live under the main run's directory."""
+    from specrl.orchestrator.compare import comparison, describe
+
+    text = f"""
+name: m
+output_dir: {tmp_path}/{{name}}
+orchestrator: {{steps: 9, status_port: 0}}
+compare: {{runs: [ar, async], steps: 3}}
+rollout: {{server: {{speculation: {{method: eagle3, num_speculative_tokens: 4, draft: d}}}}}}
+trainer: {{server: {{trainer: {{capture: {{enabled: true}}}}}}}}
+draft_trainer: {{enabled: true}}
+"""
+    main = load_config(_write(tmp_path, text), RunConfig)
+    ar, lag1 = comparison(main, "ar"), comparison(main, "async")
+    labels = (describe(main), describe(ar), describe(lag1))
+    assert labels == ("eagle3 k=4, lag 0", "AR, lag 0", "eagle3 k=4, lag 1")
+    assert ar.run_dir == tmp_path / "m" / "compare" / "ar" and ar.name == "m-ar"
+    assert ar.rollout.server.speculation.method == "none" and not ar.draft_trainer.enabled
+    assert lag1.orchestrator.max_lag == 1 and lag1.draft_trainer.enabled
+    for c in (ar, lag1):
+        assert c.orchestrator.steps == 3 and c.orchestrator.status_port is None and not c.compare.runs
+        assert c.data == main.data and c.sampling == main.sampling and c.seed == main.seed
+        assert c.trainer.server.trainer.optim == main.trainer.server.trainer.optim
+
+
+@pytest.mark.parametrize("other", ["--fresh", "--resume"])
+def test_continue_decides_alone(tmp_path, other):
+    """`--continue` chooses between starting and resuming itself: with either, it is a
+    usage error (exit 2, which a Kubernetes Job does not retry)."""
+    from typer.testing import CliRunner
+
+    from specrl.cli import app
+
+    config = _write(tmp_path, f"output_dir: {tmp_path}/{{name}}\n")
+    result = CliRunner().invoke(app, ["run", "--config", str(config), "--continue", other])
+    assert result.exit_code == 2 and "give it alone" in " ".join(result.output.split())
+    assert not (tmp_path / "specrl").exists(), "nothing may start"

@@ -73,6 +73,11 @@ class GenerationStalled(RuntimeError):
     pass
 
 
+class TrainerLost(RuntimeError):
+    """The trainer answers with another policy version than the run's: it restarted and
+    lost its state (a Kubernetes pod started again), so the run must resume."""
+
+
 class Orchestrator:
     def __init__(
         self,
@@ -91,8 +96,11 @@ class Orchestrator:
         draft: DraftTrainerClient | None = None,
         control: RunControl | None = None,
         discover: Callable[[], list[str]] | None = None,
+        rewind: bool = False,
     ) -> None:
-        """`check_alive` raises when a service the loop needs is gone (a process that
+        """`rewind` (a resumed run): before anything is generated, every replica gets
+        the trainer's policy, replacing a newer one lost with the crash.
+        `check_alive` raises when a service the loop needs is gone (a process that
         `specrl run` started and that exited for good); called while waiting for
         rollouts, it may also start a dead rollout server again (System.check_alive).
         `control` (the status page's control API) pauses the loop and asks for
@@ -116,6 +124,7 @@ class Orchestrator:
         self._discovered_at = 0.0
         self._pushed_at = 0.0
         self._draft_push = None  # the draft-trainer's answer to the last push
+        self.rewind = rewind
         self.version = trainer.status().step
         self.next_batch = int(streams.get_state().get("next_batch", self.version))
         self.buffer: dict[str, Delivery] = {}  # rollout entry id -> delivery held
@@ -130,6 +139,7 @@ class Orchestrator:
             timeout_s=o.generate_timeout_s,
             metrics=metrics,
         )
+        self.generators.max_version = self.version
         self._taken: list[Delivery] = []  # the batch being trained on
         self._counts: Counter[str] = Counter()  # per step: stale, stale_kept, duplicate, failed
         self._replaced = 0
@@ -140,6 +150,8 @@ class Orchestrator:
 
     def run(self) -> list[dict]:
         records = []
+        if self.rewind:
+            self._push(rewind=True)
         self.generators.start()
         try:
             for d in self.streams.recover(CONSUMER):
@@ -171,6 +183,7 @@ class Orchestrator:
             for x in g.samples
         ]
         resp = self.trainer.train_step(rollouts, self.cfg.sampling.n)
+        self._check_trainer(resp.step, step + 1)
         self.version = resp.step
         entries = [d.entry_id for d in self._taken]
         # kept for replay until a checkpoint holds this update (none: nothing to resume)
@@ -249,11 +262,13 @@ class Orchestrator:
             missed = list(push.dropped)
             log.info("catch-up push of v%d: updated %s, missed %s", push.version, push.updated, missed)
 
-    def _push(self):
+    def _push(self, *, rewind: bool = False):
         """Bring every replica to the trainer's version; a replica the update did not
         reach is paused (its samples would be too old) until one does."""
         self._pushed_at = time.monotonic()
-        push = self.trainer.push_weights(self.replicas)
+        self.generators.max_version = self.version  # replicas may serve it from now on
+        push = self.trainer.push_weights(self.replicas, rewind=rewind)
+        self._check_trainer(push.version, self.version)
         for replica in self.replicas:
             if replica in push.dropped:
                 self.generators.pause(replica)
@@ -263,6 +278,13 @@ class Orchestrator:
         if self.draft is not None:
             self._push_draft()
         return push
+
+    def _check_trainer(self, version: int, expected: int) -> None:
+        if version != expected:
+            raise TrainerLost(
+                f"the trainer holds policy v{version} where the run expects v{expected}: it restarted "
+                "and lost its state"
+            )
 
     def _push_draft(self) -> None:
         """The draft-trainer's publish; a failed one leaves the replicas on their last good

@@ -19,13 +19,14 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specrl.config import ZOO_SCHEME, RunConfig
+from specrl.config import ZOO_SCHEME, CompareRun, RunConfig
 from specrl.draft.client import DraftTrainerClient
 from specrl.metrics import OrchestratorMetrics
+from specrl.orchestrator.compare import comparison, describe
 from specrl.orchestrator.data import PromptSource
 from specrl.orchestrator.discovery import discover
-from specrl.orchestrator.loop import GenerationStalled, Orchestrator
-from specrl.orchestrator.report import write_report
+from specrl.orchestrator.loop import GenerationStalled, Orchestrator, TrainerLost
+from specrl.orchestrator.report import SideBySide, write_report
 from specrl.orchestrator.rewards import load_reward
 from specrl.orchestrator.status import StatusPage
 from specrl.orchestrator.system import ServiceDied, System
@@ -39,7 +40,11 @@ log = logging.getLogger("specrl.run")
 # What a run writes into its directory: all that --fresh removes (never anything else
 # that may live in a user-chosen output_dir).
 RUN_FILES = ("config.json", "steps.jsonl", "summary.json", "report.md", "report.png")
-RUN_DIRS = ("checkpoint", "checkpoint.partial", "checkpoint.old", "draft", "logs", "redis")
+RUN_DIRS = ("checkpoint", "checkpoint.partial", "checkpoint.old", "draft", "logs", "redis", "compare")
+
+
+# What stops a run with its state kept for `--resume`: a service gone or restarted.
+INTERRUPTIONS = (grpc.RpcError, redis.exceptions.ConnectionError, GenerationStalled, ServiceDied, TrainerLost)
 
 
 class RunExists(RuntimeError):
@@ -56,6 +61,8 @@ class RunResult:
     records: list[dict]
     report: Path
     checkpoint: str
+    # comparison run -> its step records (none for one that failed)
+    compared: dict[str, list[dict]]
 
 
 def step_line(r: dict, steps: int) -> str:
@@ -106,7 +113,42 @@ def run(
     metrics: bool = True,
 ) -> RunResult:
     """Start the services and run the loop; `resume` continues the run in the run
-    directory from its last checkpoint (docs/orchestrator.md, Resume)."""
+    directory from its last checkpoint (docs/orchestrator.md, Resume). Then the
+    comparison runs (`compare.runs`), each with services of its own, and the report."""
+    records, saved = _run(cfg, console=console, fresh=fresh, resume=resume, metrics=metrics)
+    run_dir = cfg.run_dir
+    compared = {name: _compare(cfg, name, console) for name in cfg.compare.runs}
+    label = {name: describe(comparison(cfg, name)) for name in compared}
+    runs = {describe(cfg): records} | {label[n]: r for n, r in compared.items() if r}
+    how = SideBySide(
+        steps=cfg.compare.steps,
+        baseline=label.get("ar", describe(cfg)),
+        sync=describe(cfg) if "async" in compared else None,
+    )
+    report = write_report(
+        runs, run_dir / "report", title=f"specrl run: {cfg.name}", side_by_side=how if compared else None
+    )
+    (run_dir / "summary.json").write_text(json.dumps({"steps": len(records), "checkpoint": saved}))
+    console.print(f"report: {report}; checkpoint: {saved}")
+    return RunResult(run_dir, records, report, saved, compared)
+
+
+def _compare(cfg: RunConfig, name: CompareRun, console: Console) -> list[dict]:
+    """Comparison run `name`'s step records; none when it fails (the main run is complete
+    and its report is written without it)."""
+    c = comparison(cfg, name)
+    console.rule(f"comparison run {name!r}: {describe(c)}, {c.orchestrator.steps} steps")
+    try:
+        return _run(c, console=console, fresh=True, resume=False, metrics=False)[0]
+    except RunInterrupted as e:
+        console.print(f"[yellow]comparison run {name!r} left out[/yellow]: {e}")
+        return []
+
+
+def _run(
+    cfg: RunConfig, *, console: Console, fresh: bool, resume: bool, metrics: bool
+) -> tuple[list[dict], str]:
+    """One run: its services, its loop; (step records, final checkpoint)."""
     if fresh and resume:
         raise ValueError("--fresh and --resume exclude each other")
     cfg.redis.password()  # an unset variable fails here, before anything starts
@@ -146,7 +188,7 @@ def run(
             f"{draft_trainer}, redis {system.redis_url}"
         )
         return _loop(cfg, system, run_dir, console, registry, fresh=fresh, resume=resume)
-    except (grpc.RpcError, redis.exceptions.ConnectionError, GenerationStalled, ServiceDied) as e:
+    except INTERRUPTIONS as e:
         if isinstance(e, grpc.RpcError):
             what = f"{e.code().name}: {e.details()}"
         elif isinstance(e, redis.exceptions.ConnectionError):
@@ -172,7 +214,7 @@ def _loop(
     *,
     fresh: bool,
     resume: bool,
-) -> RunResult:
+) -> tuple[list[dict], str]:
     from transformers import AutoTokenizer
 
     streams = RunStreams.connect(
@@ -185,10 +227,14 @@ def _loop(
         max_model_len = c.status().max_model_len  # the served context, wherever the replica runs
     with TrainerClient(system.trainer_address) as t:
         status = t.status()
+        version = _restore(t, run_dir / "checkpoint", status.step, console) if resume else status.step
     tok = AutoTokenizer.from_pretrained(status.model)
     earlier: list[dict] = []
+    if resume and version == 0 and not streams.exists():
+        console.print("nothing to resume yet (no step begun): starting the run")
+        resume = False
     if resume:
-        earlier = _roll_back(streams, status.step, run_dir / "steps.jsonl", console)
+        earlier = _roll_back(streams, version, run_dir / "steps.jsonl", console)
     elif streams.exists() and not fresh:
         raise RunExists(f"redis {system.redis_url} holds a run named {cfg.name!r}: --fresh replaces it")
     else:
@@ -235,6 +281,7 @@ def _loop(
             draft=draft,
             control=page.control if page is not None else None,
             discover=partial(discover, cfg.rollout.discover) if cfg.rollout.discover else None,
+            rewind=resume,
         )
         if page is not None:
             page.status.running(orchestrator.version)
@@ -248,10 +295,7 @@ def _loop(
         saved = orchestrator.checkpoint or str(checkpoint.find(run_dir / "checkpoint"))
     if source.skipped:
         console.print(f"[yellow]skipped dataset rows[/yellow]: {dict(source.skipped)}")
-    report = write_report({cfg.name: records}, run_dir / "report", title=f"specrl run: {cfg.name}")
-    (run_dir / "summary.json").write_text(json.dumps({"steps": len(records), "checkpoint": saved}))
-    console.print(f"report: {report}; checkpoint: {saved}")
-    return RunResult(run_dir, records, report, saved)
+    return records, saved
 
 
 def _status_page(cfg: RunConfig, run_dir: Path, replicas: list[str], console: Console) -> StatusPage | None:
@@ -272,6 +316,25 @@ def _status_page(cfg: RunConfig, run_dir: Path, replicas: list[str], console: Co
     page = StatusPage(cfg.name, o.steps, replicas, port=o.status_port, token=token)
     console.print(f"status page on :{page.port} (control token: {where})")
     return page
+
+
+def _restore(trainer: TrainerClient, checkpoint_dir: Path, step: int, console: Console) -> int:
+    """Bring the trainer to the run's last checkpoint (none: the initial weights, v0) and
+    return its version. A trainer started here loaded it at start; one running elsewhere
+    held on to later steps (only the orchestrator failed) or restarted on its initial
+    weights (its pod failed too), and loads it now."""
+    saved = checkpoint.find(checkpoint_dir)
+    at = json.loads((saved / "meta.json").read_text())["step"] if saved is not None else 0
+    if step == at:
+        return at
+    if saved is None:
+        raise RunExists(
+            f"the trainer holds policy v{step} but the run has no checkpoint to go back to: restart the "
+            "trainer (it starts from its initial weights) and resume again"
+        )
+    version = trainer.load(str(saved.resolve())).step
+    console.print(f"trainer restored to the run's checkpoint (v{version}; it held v{step}): {saved}")
+    return version
 
 
 def _roll_back(streams: RunStreams, version: int, log_path: Path, console: Console) -> list[dict]:

@@ -194,6 +194,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                 request.epoch,
                 manifest_from_proto(request.manifest),
                 request.policy_version,
+                rewind=request.rewind,
             )
 
         await self._weight_call(context, call)

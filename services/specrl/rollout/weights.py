@@ -168,7 +168,19 @@ class WeightUpdater:
         )
         return ranks
 
-    async def begin(self, kind: str, version: int, epoch: int, manifest: Manifest, policy_basis: int) -> None:
+    async def begin(
+        self,
+        kind: str,
+        version: int,
+        epoch: int,
+        manifest: Manifest,
+        policy_basis: int,
+        *,
+        rewind: bool = False,
+    ) -> None:
+        """Start receiving `kind` v`version`. Versions only increase, but for `rewind`: a
+        resumed run's trainer, restored from its checkpoint, replacing a newer policy that
+        was lost with the crash (or the same version number from the lost run)."""
         self._check_kind(kind)
         self._check_idle()
         if self.epochs.get(kind) != epoch:
@@ -179,9 +191,13 @@ class WeightUpdater:
                 f"({'no group joined' if have is None else f'member of epoch {have}'})",
             )
         current = self.versions[kind]
-        if version < current or (version == current and kind in self.synced):
+        if not rewind and (version < current or (version == current and kind in self.synced)):
             raise WeightUpdateError(
                 "precondition", f"{kind} version must increase: serving v{current}, got v{version}"
+            )
+        if rewind and version <= current and kind in self.synced:
+            log.warning(
+                "%s v%d replaced by v%d (the trainer resumed from a checkpoint)", kind, current, version
             )
         try:
             check_manifest(manifest, self._expected_tensors(kind))

@@ -62,8 +62,12 @@ class TrainerClient:
         req = pb.ComputeLogprobsRequest(samples=[to_proto(r) for r in rollouts], reference=reference)
         return self.stub.ComputeLogprobs(req, timeout=self.timeout)
 
-    def push_weights(self, replicas: Sequence[str]) -> pb.PushWeightsResponse:
-        return self.stub.PushWeights(pb.PushWeightsRequest(replicas=list(replicas)), timeout=self.timeout)
+    def push_weights(self, replicas: Sequence[str], *, rewind: bool = False) -> pb.PushWeightsResponse:
+        request = pb.PushWeightsRequest(replicas=list(replicas), rewind=rewind)
+        return self.stub.PushWeights(request, timeout=self.timeout)
+
+    def load(self, path: str) -> pb.LoadCheckpointResponse:
+        return self.stub.LoadCheckpoint(pb.LoadCheckpointRequest(path=path), timeout=self.timeout)
 
     def save(self, path: str) -> pb.SaveCheckpointResponse:
         return self.stub.SaveCheckpoint(pb.SaveCheckpointRequest(path=path), timeout=self.timeout)

@@ -87,13 +87,24 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         path = self._guarded(context, lambda: self.core.save(request.path))
         return pb.SaveCheckpointResponse(path=path, step=self.core.policy.step_count, hf_path=f"{path}/hf")
 
+    def LoadCheckpoint(self, request, context):
+        if not request.path:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "LoadCheckpoint needs a path")
+        with self._lock:
+            try:
+                step = self.core.load(request.path)
+            except FileNotFoundError as e:
+                context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        log.info("restored %s: policy v%d", request.path, step)
+        return pb.LoadCheckpointResponse(step=step)
+
     def PushWeights(self, request, context):
         replicas = list(request.replicas)
         if len(set(replicas)) != len(replicas) or not all(replicas):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"replicas: empty or repeated in {replicas}")
         with self._lock:
             try:
-                out = self.core.push_weights(replicas)
+                out = self.core.push_weights(replicas, rewind=request.rewind)
             except WeightSyncError as e:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         fields = ("version", "updated", "dropped", "bytes", "seconds", "phases")

@@ -104,22 +104,36 @@ class TrainerCore:
     def save(self, path: str) -> str:
         return self._run("save", path)
 
-    def push_weights(self, replicas: Sequence[str]) -> PushOutcome:
+    def load(self, path: str) -> int:
+        """Restore checkpoint `path` in place (every rank); the policy version it holds."""
+        meta = self._run("load", path)
+        return int(meta["step"])
+
+    def push_weights(self, replicas: Sequence[str], *, rewind: bool = False) -> PushOutcome:
         """Make every replica in `replicas` serve the current policy (version = steps
         taken); replicas not listed leave the weight group. Sharded weights are gathered
-        on rank 0 first (a collective every rank joins), then rank 0 broadcasts them."""
+        on rank 0 first (a collective every rank joins), then rank 0 broadcasts them.
+        `rewind` (a resumed run): a new weight group sends the policy to every replica,
+        whatever version it serves, and later pushes replace newer versions too."""
         t0 = time.perf_counter()
         version = self.policy.step_count
+        if rewind:
+            sender = self._weight_sender()
+            sender.restart()
+            for address in replicas:
+                sender.add_replica(address)  # no version yet: nothing to catch up
+            result = sender.push(version, self._source())
+            out = PushOutcome(version, list(result.members), dict(result.dropped), result.bytes)
+            out.phases = dict(result.phases)
+            out.seconds = time.perf_counter() - t0
+            return out
         sender = self._weight_sender()
         out = PushOutcome(version)
         joining = sender.follow(replicas)
         newer = bool(sender.members) and sender.version is not None and version > sender.version
         if not newer and not joining and sender.version == version:
             return out  # every replica is current: nothing to gather or send
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            source = self._run("gather", None).items
-        else:
-            source = self.policy.model.named_parameters
+        source = self._source()
         if newer:
             result = sender.push(version, source)
             out.updated, out.dropped, out.bytes = list(result.members), dict(result.dropped), result.bytes
@@ -133,6 +147,13 @@ class TrainerCore:
         out.dropped |= failed
         out.seconds = time.perf_counter() - t0
         return out
+
+    def _source(self):
+        """The full policy weights on rank 0: gathered from every rank's shard (a
+        collective) when sharded."""
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            return self._run("gather", None).items
+        return self.policy.model.named_parameters
 
     def _weight_sender(self) -> WeightSender:
         if self._sender is None:
@@ -181,6 +202,8 @@ class TrainerCore:
         if op == "save":
             checkpoint.save(policy, payload)
             return payload
+        if op == "load":
+            return checkpoint.load(policy, payload)
         if op == "gather":
             return policy.full_state(keep=self.rank == 0)
         raise ValueError(f"unknown trainer command {op!r}")

@@ -236,18 +236,20 @@ class WeightManifest(_message.Message):
     def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BeginWeightUpdateRequest(_message.Message):
-    __slots__ = ("kind", "version", "epoch", "manifest", "policy_version")
+    __slots__ = ("kind", "version", "epoch", "manifest", "policy_version", "rewind")
     KIND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REWIND_FIELD_NUMBER: _ClassVar[int]
     kind: WeightKind
     version: int
     epoch: int
     manifest: WeightManifest
     policy_version: int
-    def __init__(self, kind: _Optional[_Union[WeightKind, str]] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    rewind: bool
+    def __init__(self, kind: _Optional[_Union[WeightKind, str]] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., policy_version: _Optional[int] = ..., rewind: _Optional[bool] = ...) -> None: ...
 
 class CommitWeightUpdateRequest(_message.Message):
     __slots__ = ("kind", "version")

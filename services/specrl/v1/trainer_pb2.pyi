@@ -122,6 +122,18 @@ class SaveCheckpointResponse(_message.Message):
     hf_path: str
     def __init__(self, path: _Optional[str] = ..., step: _Optional[int] = ..., hf_path: _Optional[str] = ...) -> None: ...
 
+class LoadCheckpointRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class LoadCheckpointResponse(_message.Message):
+    __slots__ = ("step",)
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    def __init__(self, step: _Optional[int] = ...) -> None: ...
+
 class GetTrainerStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -145,10 +157,12 @@ class TrainerStatus(_message.Message):
     def __init__(self, model: _Optional[str] = ..., tp: _Optional[int] = ..., dp: _Optional[int] = ..., step: _Optional[int] = ..., capture_enabled: _Optional[bool] = ..., capture_queue: _Optional[int] = ..., capture_dropped: _Optional[int] = ...) -> None: ...
 
 class PushWeightsRequest(_message.Message):
-    __slots__ = ("replicas",)
+    __slots__ = ("replicas", "rewind")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REWIND_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replicas: _Optional[_Iterable[str]] = ...) -> None: ...
+    rewind: bool
+    def __init__(self, replicas: _Optional[_Iterable[str]] = ..., rewind: _Optional[bool] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
     __slots__ = ("version", "updated", "dropped", "bytes", "seconds", "phases")

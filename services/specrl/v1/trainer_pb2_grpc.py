@@ -49,6 +49,11 @@ class TrainerServiceStub:
                 request_serializer=specrl_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
                 response_deserializer=specrl_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.FromString,
                 _registered_method=True)
+        self.LoadCheckpoint = channel.unary_unary(
+                '/specrl.v1.TrainerService/LoadCheckpoint',
+                request_serializer=specrl_dot_v1_dot_trainer__pb2.LoadCheckpointRequest.SerializeToString,
+                response_deserializer=specrl_dot_v1_dot_trainer__pb2.LoadCheckpointResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/specrl.v1.TrainerService/GetStatus',
                 request_serializer=specrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.SerializeToString,
@@ -86,6 +91,15 @@ class TrainerServiceServicer:
 
     def SaveCheckpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadCheckpoint(self, request, context):
+        """Restore a checkpoint SaveCheckpoint wrote (weights, optimizer, RNG, policy version),
+        in place: a resumed run brings a trainer that kept running, or restarted on its
+        initial weights, back to the run's last checkpoint.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -134,6 +148,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.SaveCheckpoint,
                     request_deserializer=specrl_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.FromString,
                     response_serializer=specrl_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'LoadCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadCheckpoint,
+                    request_deserializer=specrl_dot_v1_dot_trainer__pb2.LoadCheckpointRequest.FromString,
+                    response_serializer=specrl_dot_v1_dot_trainer__pb2.LoadCheckpointResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -232,6 +251,33 @@ class TrainerService:
             '/specrl.v1.TrainerService/SaveCheckpoint',
             specrl_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
             specrl_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrl.v1.TrainerService/LoadCheckpoint',
+            specrl_dot_v1_dot_trainer__pb2.LoadCheckpointRequest.SerializeToString,
+            specrl_dot_v1_dot_trainer__pb2.LoadCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -98,6 +98,9 @@ class WeightSender:
         self.cfg = cfg
         self.kind = cfg.kind
         self.eagle3_draft = eagle3_draft
+        # Set by `restart`: this publisher's versions replace whatever the replicas serve,
+        # newer or equal (a policy lost with a crash).
+        self.rewind = False
         self.metrics = metrics
         self.device = device or torch.device("cpu")
         self.backend = pick_backend(cfg.backend, self.device)
@@ -295,6 +298,7 @@ class WeightSender:
             epoch=group.epoch,
             manifest=manifest_to_proto(manifest),
             policy_version=policy_version,
+            rewind=self.rewind,
         )
         self._call_all(
             members, version, lambda m: m.stub.BeginWeightUpdate(begin, timeout=self._long_timeout())
@@ -482,6 +486,16 @@ class WeightSender:
                 if ws.state == "idle":
                     break
                 time.sleep(0.2)
+
+    def restart(self) -> None:
+        """Forget the members, the group and the version published: a trainer restored
+        from a checkpoint publishes again from there, in a new group, and from now on
+        replaces newer or same-numbered versions the replicas serve (`rewind`)."""
+        for address in list(self.members):
+            self.remove_replica(address)
+        self._drop_group()
+        self.version, self._source, self._policy_version = None, None, 0
+        self.rewind = True
 
     def _drop_group(self) -> None:
         if self._group is not None:

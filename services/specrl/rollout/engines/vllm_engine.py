@@ -14,9 +14,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
+import time
 from collections.abc import AsyncIterator
 
-from specrl.config import EngineConfig, SpeculationConfig, resolve_model_path
+from specrl.config import EngineConfig, RolloutServerConfig, SpeculationConfig, resolve_model_path
 from specrl.rollout.engines.base import (
     Acceptance,
     EngineInfo,
@@ -48,38 +50,93 @@ def speculative_config(spec: SpeculationConfig) -> dict | None:
     return cfg
 
 
+def engine_args(engine: EngineConfig, speculation: SpeculationConfig, *, node_rank: int = 0):
+    """vLLM's AsyncEngineArgs for node `node_rank` of the engine: the same on every node
+    of a multi-node replica but for the rank."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    model = resolve_model_path(engine.model)
+    spec = speculative_config(speculation)
+    # read by the engine processes started from these arguments
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_threads_bind
+    nodes = {}
+    if engine.nnodes > 1:
+        nodes = {"nnodes": engine.nnodes, "node_rank": node_rank, "master_addr": engine.leader}
+        nodes |= {"master_port": engine.master_port, "distributed_executor_backend": "mp"}
+    return AsyncEngineArgs(
+        model=model,
+        tokenizer=model,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=engine.max_num_seqs,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        kv_cache_memory_bytes=(int(engine.kv_cache_gib * 2**30) if engine.kv_cache_gib is not None else None),
+        dtype=engine.dtype,
+        enforce_eager=engine.enforce_eager,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        seed=engine.seed,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        speculative_config=spec,
+        logprobs_mode="processed_logprobs",
+        per_request_spec_decode_metrics="summary" if spec else "none",
+        worker_extension_cls=WORKER_EXTENSION,
+        **nodes,
+    )
+
+
+def serve_worker_node(cfg: RolloutServerConfig, node_rank: int) -> None:
+    """Node `node_rank` (> 0) of a multi-node engine: its share of the workers, driven
+    by node 0's engine (`specrl serve rollout` with the same `cfg`) until that goes away.
+    Weight updates reach these workers as they reach node 0's, through the engine's
+    collective RPC."""
+    engine = cfg.engine
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    if not 0 < node_rank < engine.nnodes:
+        raise ValueError(f"node rank {node_rank}: worker nodes are 1..{engine.nnodes - 1} (engine.nnodes)")
+    args = engine_args(engine, cfg.speculation, node_rank=node_rank)
+    config = args.create_engine_config(usage_context=UsageContext.ENGINE_CONTEXT, headless=True)
+    log.info(
+        "worker node %d of %d; node 0 at %s:%d", node_rank, engine.nnodes, engine.leader, engine.master_port
+    )
+    executor = MultiprocExecutor(config, monitor_workers=False)
+    leader = f"{engine.leader}:{cfg.port}"
+    threading.Thread(target=_follow_leader, args=(leader, executor), daemon=True).start()
+    executor.start_worker_monitor(inline=True)  # returns when the workers exit
+
+
+def _follow_leader(address: str, executor, *, every_s: float = 5.0, grace_s: float = 30.0) -> None:
+    """Stop this node's workers once node 0 has served and then stopped answering for
+    `grace_s`: without it they would wait on it forever (a LeaderWorkerSet recreates
+    the whole group anyway; on a plain machine the worker process must end)."""
+    from specrl.serving import health_of
+
+    seen, gone_since = False, None
+    while True:
+        time.sleep(every_s)
+        up = health_of(address, timeout=every_s) in ("SERVING", "NOT_SERVING")
+        seen |= up
+        if up or not seen:
+            gone_since = None
+            continue
+        gone_since = gone_since or time.monotonic()
+        if time.monotonic() - gone_since > grace_s:
+            log.error("node 0 (%s) is gone: stopping this node's workers", address)
+            executor.shutdown()
+            return
+
+
 class VllmEngine:
     """Owns one AsyncLLM (and its engine-core process)."""
 
     def __init__(self, engine: EngineConfig, speculation: SpeculationConfig) -> None:
         import vllm
         from transformers import AutoConfig, AutoTokenizer
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         model = resolve_model_path(engine.model)
         spec = speculative_config(speculation)
-        # read by the engine-core process this constructor starts
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_threads_bind
-        args = AsyncEngineArgs(
-            model=model,
-            tokenizer=model,
-            max_model_len=engine.max_model_len,
-            max_num_seqs=engine.max_num_seqs,
-            gpu_memory_utilization=engine.gpu_memory_utilization,
-            kv_cache_memory_bytes=(
-                int(engine.kv_cache_gib * 2**30) if engine.kv_cache_gib is not None else None
-            ),
-            dtype=engine.dtype,
-            enforce_eager=engine.enforce_eager,
-            enable_prefix_caching=engine.enable_prefix_caching,
-            seed=engine.seed,
-            tensor_parallel_size=engine.tensor_parallel_size,
-            speculative_config=spec,
-            logprobs_mode="processed_logprobs",
-            per_request_spec_decode_metrics="summary" if spec else "none",
-            worker_extension_cls=WORKER_EXTENSION,
-        )
+        args = engine_args(engine, speculation)
         self._tokenizer = AutoTokenizer.from_pretrained(model)
         hf = AutoConfig.from_pretrained(model)
         self.info = EngineInfo(

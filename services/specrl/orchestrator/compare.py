@@ -1,0 +1,40 @@
+"""Comparison runs (`compare.runs`): the main run's job again with one thing changed, so
+the report can put speculation beside AR and asynchronous beside synchronous RL on the
+same machine, in the same command, from the same weights, seeds and prompts."""
+
+from __future__ import annotations
+
+import json
+
+from specrl.config import CompareRun, RunConfig
+
+
+def comparison(cfg: RunConfig, run: CompareRun) -> RunConfig:
+    """The main run's config changed into comparison `run`, for `compare.steps` steps,
+    with its run directory under the main one's (compare/<run>)."""
+    c = json.loads(cfg.model_dump_json())
+    c["name"] = f"{cfg.name}-{run}"
+    c["output_dir"] = str(cfg.run_dir / "compare" / run)
+    c["compare"] = {"runs": []}
+    # the main run has shown its ports and passed its self-test (same engine and sampler)
+    c["orchestrator"] |= {"steps": cfg.compare.steps, "metrics_port": None, "status_port": None}
+    c["rollout"]["server"]["self_test"]["enabled"] = False
+    if run == "ar":
+        c["rollout"]["server"]["speculation"] = {"method": "none"}
+        c["draft_trainer"]["enabled"] = False  # nothing to adapt, nothing to capture for
+        c["trainer"]["server"]["trainer"]["capture"]["enabled"] = False
+    else:
+        c["orchestrator"]["max_lag"] = 1
+    return RunConfig.model_validate(c)
+
+
+def describe(cfg: RunConfig) -> str:
+    """A run's label in reports: its speculation and policy lag, e.g. `eagle3 k=3, lag 0`."""
+    spec = cfg.rollout.server.speculation
+    if cfg.rollout.elsewhere:
+        how = "rollouts elsewhere"
+    elif spec.method == "none":
+        how = "AR"
+    else:
+        how = f"{spec.method} k={spec.num_speculative_tokens}"
+    return f"{how}, lag {cfg.orchestrator.max_lag}"

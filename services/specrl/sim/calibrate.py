@@ -1,0 +1,180 @@
+"""Fit the model's free constants to specrl's own measurements and report the fit error.
+
+The CPU testbed (docs/benchmarks.md) is the one machine specrl has measured end to end,
+so it is where the model's functional form is tested:
+  1. decode: every `specrl bench rollout` row with a per-step cost (AR, EAGLE-3 domain
+     and generic, draft model; n-gram is left out because its ms_per_engine_step does
+     not count the steps that drafted nothing) is predicted from the zoo model's shape
+     with four free constants (compute efficiency, per-step, per-draft-forward and
+     per-token overheads), fitted by least squares on log(predicted / measured);
+  2. trainer: one constant (MFU) fitted to the logprob and train times of the
+     synchronous `specrl bench step` rows;
+  3. an out-of-sample check: those rows' generation time, predicted by the step model
+     with the constants of (1) and the step's own workload.
+GPU constants are not fitted here (no GPU run of specrl exists yet; docs/simulator.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from specrl.sim.decode import Replica
+from specrl.sim.hardware import Efficiency, get_hardware
+from specrl.sim.models import get_model
+from specrl.sim.speculation import Speculation
+from specrl.sim.step import Layout, Workload, simulate_step
+
+DOCS_BENCH = Path(__file__).resolve().parents[3] / "docs" / "bench"
+TESTBED = "cpu-testbed"
+TARGET = "zoo-target"
+PROMPT_TOKENS = 14  # "Q: a+b*c=?\nA:" in the zoo's character-level tokenizer
+DECODE_FIT = ("compute_eff", "step_overhead_s", "draft_overhead_s", "token_overhead_s")
+METHODS = {"ar": "none", "eagle3": "eagle3", "draft_model": "draft_model"}
+# The step benchmark's job (examples/tiny-rl-zero.yaml): 32 prompts x 8, <= 48 tokens,
+# 16 concurrent Generate calls of one group each (128 sequences in flight), 2 epochs.
+STEP_WORKLOAD = {"prompts_per_step": 32, "group_size": 8, "max_response_tokens": 48, "epochs": 2}
+STEP_SLOTS = 16 * 8
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Fitted constants and per-point errors (rel_error = predicted / measured - 1)."""
+
+    efficiency: Efficiency
+    rows: list[dict]
+
+    @property
+    def rms_rel_error(self) -> float:
+        return float(np.sqrt(np.mean([r["rel_error"] ** 2 for r in self.rows])))
+
+    @property
+    def max_abs_rel_error(self) -> float:
+        return float(max(abs(r["rel_error"]) for r in self.rows))
+
+    def summary(self) -> dict:
+        return {
+            "points": len(self.rows),
+            "rms_rel_error": round(self.rms_rel_error, 4),
+            "max_abs_rel_error": round(self.max_abs_rel_error, 4),
+        }
+
+
+def _speculation(row: dict) -> Speculation:
+    method = METHODS[row["method"]]
+    if method == "none":
+        return Speculation()
+    extra = {"draft_model": "zoo-draft"} if method == "draft_model" else {}
+    return Speculation.from_acceptance_length(method, row["k"], row["acceptance_length"], **extra)
+
+
+def _rel(predicted: float, measured: float) -> float:
+    return round(float(predicted) / measured - 1, 4)
+
+
+def fit_decode(rows: list[dict]) -> Fit:
+    """Fit the four decode constants to the rollout benchmark's per-step costs."""
+    hw, target = get_hardware(TESTBED), get_model(TARGET)
+    points = [r for r in rows if r["method"] in METHODS and r.get("ms_per_engine_step")]
+    # mean context over a response: the prompt plus half the response
+    contexts = [PROMPT_TOKENS + r["tokens"] / r["requests"] / 2 for r in points]
+    specs = [_speculation(r) for r in points]
+    measured = np.array([r["ms_per_engine_step"] / 1e3 for r in points])
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        eff = Efficiency(**dict(zip(DECODE_FIT, x)))
+        return np.array(
+            [
+                Replica(target, hw, eff, 1, spec).step_seconds(r["concurrency"], ctx)
+                for r, spec, ctx in zip(points, specs, contexts)
+            ]
+        )
+
+    start = np.array([0.1, 1e-2, 1e-3, 1e-4])
+    result = least_squares(
+        lambda x: np.log(predict(x) / measured),
+        start,
+        bounds=([1e-4, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]),
+        x_scale=start,
+    )
+    eff = Efficiency(**dict(zip(DECODE_FIT, result.x)))
+    out = []
+    for r, p in zip(points, predict(result.x)):
+        label = {"method": r["method"], "draft": r["draft"], "k": r["k"], "concurrency": r["concurrency"]}
+        measured_ms = r["ms_per_engine_step"]
+        predicted_ms = round(float(p) * 1e3, 2)
+        out.append({**label, "measured_ms": measured_ms, "predicted_ms": predicted_ms})
+        out[-1]["rel_error"] = _rel(predicted_ms, measured_ms)
+    return Fit(eff, out)
+
+
+def _step_workload(record: dict) -> Workload:
+    mean = float(np.mean([s["tokens"] / s["samples"] for s in record]))
+    return Workload(
+        **STEP_WORKLOAD, prompt_tokens=PROMPT_TOKENS, response_mean_tokens=mean, response_sigma=0.3
+    )
+
+
+def fit_trainer(step_bench: dict, decode: Efficiency) -> tuple[Fit, Fit]:
+    """Fit the trainer MFU to the synchronous step rows; the second Fit is the check of
+    their generation time, predicted (not fitted) with the decode constants."""
+    hw, target = get_hardware(TESTBED), get_model(TARGET)
+    sync = [r for r in step_bench["rows"] if r["max_lag"] == 0]
+    layout = Layout(gen_gpus=1, train_gpus=1, colocated=True, max_num_seqs=STEP_SLOTS)
+
+    def simulate(row: dict, mfu: float) -> dict[str, float]:
+        spec = (
+            Speculation()
+            if row["config"] == "ar"
+            else Speculation.from_acceptance_length("eagle3", 3, row["acceptance_length"])
+        )
+        result = simulate_step(
+            model=target,
+            hw=hw,
+            eff=decode.model_copy(update={"train_mfu": mfu}),
+            workload=_step_workload(step_bench["steps"][row["config"]]),
+            layout=layout,
+            speculation=spec,
+        )
+        return {"gen_s": result.gen_s, "logprob_s": result.logprob_s, "train_s": result.train_s}
+
+    def residuals(x: np.ndarray) -> list[float]:
+        out = []
+        for row in sync:
+            sim = simulate(row, float(x[0]))
+            out += [np.log(sim[f"{s}_s"] / row[f"{s}_s"]) for s in ("logprob", "train")]
+        return out
+
+    mfu = float(least_squares(residuals, [0.1], bounds=([1e-4], [1.0]), x_scale=[0.1]).x[0])
+    fitted, checks = [], []
+    for row in sync:
+        sim = simulate(row, mfu)
+        for stage in ("logprob", "train", "gen"):
+            measured = row[f"{stage}_s"]
+            point = {"config": row["config"], "stage": stage, "measured_s": measured}
+            point |= {
+                "predicted_s": round(sim[f"{stage}_s"], 3),
+                "rel_error": _rel(sim[f"{stage}_s"], measured),
+            }
+            (checks if stage == "gen" else fitted).append(point)
+    return Fit(decode.model_copy(update={"train_mfu": mfu}), fitted), Fit(decode, checks)
+
+
+def calibrate(bench_dir: Path = DOCS_BENCH) -> dict:
+    """Both fits from the committed benchmark JSON, as one report."""
+    rollout = json.loads((bench_dir / "rollout.json").read_text())
+    step_bench = json.loads((bench_dir / "step.json").read_text())
+    decode = fit_decode(rollout["rows"])
+    trainer, generation = fit_trainer(step_bench, decode.efficiency)
+    constants = trainer.efficiency.model_dump(include={*DECODE_FIT, "train_mfu"})
+    return {
+        "hardware": TESTBED,
+        "model": TARGET,
+        "constants": {k: float(f"{v:.4g}") for k, v in constants.items()},
+        "decode_fit": {**decode.summary(), "rows": decode.rows},
+        "trainer_fit": {**trainer.summary(), "rows": trainer.rows},
+        "generation_check": {**generation.summary(), "rows": generation.rows},
+    }

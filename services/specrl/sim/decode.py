@@ -1,0 +1,152 @@
+"""Generation on one rollout replica: a roofline per engine step and a continuous-batching
+simulation of a batch of responses whose lengths have a long tail.
+
+One forward over `tokens` query tokens with `batch` sequences of mean context c, on g
+devices (tensor/expert parallel), costs
+
+  t = max(bytes / (g * bw * mem_eff), flops / (g * peak * compute_eff)) + comm + overheads
+  bytes = streamed weights + batch * c * KV bytes/token + logits (tokens * vocab * 4 B * 2)
+  flops = tokens * flops_per_token(c)
+  comm  = 2 collectives per layer (g > 1): latency + message / NVLink bandwidth
+
+Decode reads every weight once per step whatever the batch, so small batches are
+memory-bound and verifying k+1 tokens per sequence is nearly free there; large batches
+approach the compute roof where verification costs k+1 times a plain step. As sequences
+finish the batch shrinks (the long tail) and the step slides back to the memory roof,
+which is where speculation pays most."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specrl.sim.errors import SimError
+from specrl.sim.hardware import Efficiency, Hardware
+from specrl.sim.models import ModelShape
+from specrl.sim.speculation import Speculation
+
+LOGIT_BYTES = 4 * 2  # fp32 logits written by the head and read by the sampler
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One rollout engine: a model served on `gpus` devices with a speculation config."""
+
+    model: ModelShape
+    hw: Hardware
+    eff: Efficiency
+    gpus: int = 1
+    speculation: Speculation = field(default_factory=Speculation)
+    max_num_seqs: int = 1024
+
+    @property
+    def draft(self) -> ModelShape | None:
+        return self.speculation.draft_shape(self.model)
+
+    @property
+    def weight_bytes(self) -> float:
+        draft = self.draft.params if self.draft else 0
+        return (self.model.params + draft) * self.hw.dtype_bytes
+
+    def kv_bytes_per_token(self) -> float:
+        draft = self.draft.kv_elements_per_token if self.draft else 0
+        return (self.model.kv_elements_per_token + draft) * self.hw.dtype_bytes
+
+    def kv_slots(self, tokens_per_sequence: float) -> int:
+        """Sequences whose KV cache fits beside the weights (vLLM's memory budget), capped by
+        max_num_seqs; a replica whose weights leave no room is an error, not a zero."""
+        budget = self.gpus * self.hw.mem_bytes * self.eff.kv_fraction - self.weight_bytes
+        per_seq = self.kv_bytes_per_token() * tokens_per_sequence
+        if budget < per_seq:
+            need = (self.weight_bytes + per_seq) / (self.hw.mem_bytes * self.eff.kv_fraction)
+            raise SimError(
+                f"{self.model.name} does not fit on {self.gpus} x {self.hw.name}: weights "
+                f"{self.weight_bytes / 1e9:.1f} GB + one sequence's KV {per_seq / 1e9:.2f} GB exceed "
+                f"{self.eff.kv_fraction:.0%} of {self.gpus * self.hw.mem_bytes / 1e9:.0f} GB; "
+                f"use at least {int(np.ceil(need))} GPUs per replica"
+            )
+        return int(min(self.max_num_seqs, budget // per_seq))
+
+    def forward_seconds(self, shape: ModelShape, batch: float, query: int, context: float) -> float:
+        """Roofline time of one forward of `shape` over `batch` sequences x `query` tokens."""
+        hw, eff, g = self.hw, self.eff, self.gpus
+        tokens = batch * query
+        bytes_ = (
+            shape.streamed_params(tokens) * hw.dtype_bytes
+            + batch * context * shape.kv_elements_per_token * hw.dtype_bytes
+            + tokens * shape.vocab * LOGIT_BYTES
+        )
+        flops = tokens * shape.flops_per_token(context)
+        roof = max(bytes_ / (g * hw.mem_bw * eff.mem_eff), flops / (g * hw.peak_flops * eff.compute_eff))
+        comm = 0.0
+        if g > 1:
+            message = tokens * shape.hidden * hw.dtype_bytes * 2 * (g - 1) / g
+            comm = 2 * shape.layers * (eff.collective_latency_s + message / hw.nvlink_bw)
+        return roof + comm
+
+    def step_seconds(self, batch: float, context: float) -> float:
+        """One engine step: k sequential draft forwards, then the target verifying k+1
+        tokens per sequence (k = 0: a plain decode step)."""
+        k = self.speculation.k
+        verify = self.forward_seconds(self.model, batch, k + 1, context)
+        step = verify + self.eff.step_overhead_s + self.eff.token_overhead_s * batch * (k + 1)
+        if k:
+            draft = self.draft
+            per_draft = self.forward_seconds(draft, batch, 1, context) if draft else 0.0
+            step += k * (per_draft + self.eff.draft_overhead_s)
+        return step
+
+    def tokens_per_second(self, batch: float, context: float) -> float:
+        """Steady-state output rate at a fixed batch (no tail)."""
+        return batch * self.speculation.acceptance_length / self.step_seconds(batch, context)
+
+    def prefill_seconds(self, prompts: float, prompt_tokens: int) -> float:
+        return self.forward_seconds(self.model, prompts, prompt_tokens, prompt_tokens / 2)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What generating one set of responses on one replica costs."""
+
+    seconds: float
+    engine_steps: float
+    mean_batch: float
+    tokens: float
+
+
+def generate(replica: Replica, lengths: np.ndarray, weight: float, prompt_tokens: int) -> Generation:
+    """Continuous batching of responses of `lengths` tokens, each standing for `weight`
+    sequences, admitted in the given order as KV slots free up. Every step advances each
+    running sequence by the acceptance length (in expectation), so a response of R tokens
+    needs R / AL steps; time is integrated between completions with the step cost at the
+    interval's mean context."""
+    lengths = np.asarray(lengths, dtype=float)
+    if lengths.size == 0:
+        return Generation(0.0, 0.0, 0.0, 0.0)
+    if np.any(lengths <= 0) or weight <= 0:
+        raise SimError("response lengths and their weight must be positive")
+    al = replica.speculation.acceptance_length
+    slots = replica.kv_slots(prompt_tokens + float(lengths.mean()))
+    capacity = max(1, int(slots // weight))
+    pending = list(lengths[::-1])  # pop() from the end admits in the given order
+    remaining = np.empty(0)
+    context = np.empty(0)
+    seconds = steps = batch_steps = 0.0
+    while pending or remaining.size:
+        admit = min(capacity - remaining.size, len(pending))
+        if admit:
+            new = np.array([pending.pop() for _ in range(admit)])
+            remaining = np.concatenate([remaining, new])
+            context = np.concatenate([context, np.full(admit, float(prompt_tokens))])
+            seconds += replica.prefill_seconds(admit * weight, prompt_tokens)
+        n = float(remaining.min()) / al
+        batch = remaining.size * weight
+        seconds += n * replica.step_seconds(batch, float(context.mean()) + al * n / 2)
+        steps += n
+        batch_steps += n * batch
+        remaining = remaining - al * n
+        context = context + al * n
+        keep = remaining > 1e-9
+        remaining, context = remaining[keep], context[keep]
+    return Generation(seconds, steps, batch_steps / steps, float(lengths.sum() * weight))

@@ -1,0 +1,145 @@
+"""Capacity planner: for a model, a GPU count and a workload, search the split of GPUs
+between generation and training, the GPUs per rollout replica, the draft length k and
+the policy lag for the fastest RL step whose weights, KV cache and optimizer states fit.
+
+specrl deploys generation and training as separate pods (deploy/helm/specrl), so plans
+are disaggregated; the baseline beside each plan is the same layout with AR sync."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrl.sim.errors import SimError
+from specrl.sim.hardware import Efficiency, Hardware
+from specrl.sim.models import ModelShape
+from specrl.sim.speculation import Speculation
+from specrl.sim.step import Layout, StepResult, Workload, simulate_step
+
+MAX_SPLITS = 32  # generation GPU counts tried (evenly spaced when there are more)
+REPRESENTATIVES = 64  # length quantiles per simulated batch: coarser than validation, 4x faster
+TP_CHOICES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen layout and speculation, its step, and the fastest AR sync step on the
+    same GPUs (what the plan replaces)."""
+
+    layout: Layout
+    speculation: Speculation
+    lag: int
+    result: StepResult
+    baseline: StepResult
+    gpus_per_node: int
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline.step_s / self.result.step_s
+
+    def helm_values(self) -> str:
+        """The values of deploy/helm/specrl that deploy this plan: rollout replicas (each
+        across several pods when its tensor-parallel group outgrows a node), trainer
+        nodes x processes."""
+        per_node = min(self.gpus_per_node, self.layout.train_gpus)
+        tp = self.layout.gen_tp
+        pods = max(1, tp // self.gpus_per_node)
+        if self.speculation.k == 0:
+            speculation = "      method: none\n      draft: null\n"
+        else:
+            speculation = f"      method: {self.speculation.method}\n"
+            speculation += f"      num_speculative_tokens: {self.speculation.k}\n"
+        return (
+            "rollout:\n"
+            f"  replicas: {self.layout.replicas}\n"
+            f"  gpusPerReplica: {tp}\n" + (f"  podsPerReplica: {pods}\n" if pods > 1 else "") + "  config:\n"
+            "    engine:\n"
+            f"      tensor_parallel_size: {tp}\n"
+            "    speculation:\n" + speculation + "trainer:\n"
+            f"  nodes: {self.layout.train_gpus // per_node}\n"
+            f"  procsPerNode: {per_node}\n"
+            f"  gpusPerNode: {per_node}\n"
+            "  config:\n"
+            "    trainer:  # tensor parallel inside a node, data parallel across nodes\n"
+            f"      tp: {per_node}\n"
+            f"      dp: {self.layout.train_gpus // per_node}\n"
+            "orchestrator:\n"
+            "  config:\n"
+            "    orchestrator:\n"
+            f"      max_lag: {self.lag}\n"
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "layout": self.layout.model_dump(),
+            "k": self.speculation.k,
+            "method": self.speculation.method,
+            "acceptance_length": round(self.speculation.acceptance_length, 3),
+            "lag": self.lag,
+            "step": self.result.as_dict(),
+            "baseline_best_ar_sync": self.baseline.as_dict(),
+            "speedup_vs_ar_sync": round(self.speedup, 3),
+            "helm_values": self.helm_values(),
+        }
+
+
+def _gen_counts(total: int, unit: int) -> list[int]:
+    counts = list(range(unit, total, unit))
+    if len(counts) > MAX_SPLITS:
+        counts = sorted({counts[int(i)] for i in np.linspace(0, len(counts) - 1, MAX_SPLITS)})
+    return counts
+
+
+def plan(
+    *,
+    model: ModelShape,
+    hw: Hardware,
+    eff: Efficiency,
+    workload: Workload,
+    gpus: int,
+    draft: Speculation,
+    ks: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7),
+    lags: tuple[int, ...] = (0, 1, 2),
+) -> Plan:
+    """The fastest feasible (split, TP, k, lag); an error naming the reason when nothing fits."""
+    if gpus < 2 * hw.gpus_per_node or gpus % hw.gpus_per_node:
+        raise SimError(
+            f"--gpus must be a multiple of {hw.name}'s {hw.gpus_per_node} GPUs per node and at least two "
+            f"nodes (generation and training run on separate nodes), got {gpus}"
+        )
+    reasons: set[str] = set()
+
+    def step(layout: Layout, spec: Speculation, lag: int) -> StepResult | None:
+        try:
+            return simulate_step(
+                model=model,
+                hw=hw,
+                eff=eff,
+                workload=workload,
+                layout=layout,
+                speculation=spec,
+                lag=lag,
+                representatives=REPRESENTATIVES,
+            )
+        except SimError as e:  # this layout does not fit: remember why, try the next
+            reasons.add(str(e))
+            return None
+
+    candidates: list[tuple[Layout, Speculation, int, StepResult]] = []
+    for tp in (t for t in TP_CHOICES if t <= hw.nvlink_domain):
+        for gen in _gen_counts(gpus, int(np.lcm(tp, hw.gpus_per_node))):
+            layout = Layout(gen_gpus=gen, train_gpus=gpus - gen, gen_tp=tp)
+            for spec in (draft.with_k(k) for k in sorted({0, *ks})):
+                for lag in sorted({0, *lags}):
+                    result = step(layout, spec, lag)
+                    if result is not None:
+                        candidates.append((layout, spec, lag, result))
+    baseline = min(
+        (c[3] for c in candidates if c[1].k == 0 and c[2] == 0), key=lambda r: r.step_s, default=None
+    )
+    allowed = [c for c in candidates if c[1].k in ks and c[2] in lags]
+    if baseline is None or not allowed:
+        raise SimError(f"no layout of {gpus} x {hw.name} fits {model.name}: " + "; ".join(sorted(reasons)))
+    layout, spec, lag, result = min(allowed, key=lambda c: c[3].step_s)
+    return Plan(layout, spec, lag, result, baseline, hw.gpus_per_node)

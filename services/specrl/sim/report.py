@@ -1,0 +1,148 @@
+"""`specrl simulate validate`: calibration, the validation table and the sweeps behind the
+plots, written as one JSON (docs/bench/simulator.json) with a PNG beside it."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from specrl.bench.report import print_table
+from specrl.sim.calibrate import calibrate
+from specrl.sim.decode import Replica
+from specrl.sim.hardware import GPU_EFFICIENCY
+from specrl.sim.speculation import Speculation
+from specrl.sim.validate import (
+    COLOCATED_32,
+    COLOCATED_512,
+    EAGLE3,
+    GB200,
+    QWEN3_8B,
+    QWEN3_235B,
+    RL_THINK,
+    RL_ZERO,
+    scenario_step,
+    validation_table,
+)
+
+COLUMNS = ("name", "paper_value", "predicted", "rel_error", "bounded", "implied_acceptance_length")
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+KS = tuple(range(1, 9))
+LENGTHS = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
+SCENARIOS = {
+    "8b-rlzero-32": (QWEN3_8B, RL_ZERO, COLOCATED_32),
+    "235b-rlthink-512": (QWEN3_235B, RL_THINK, COLOCATED_512),
+}
+
+
+def sweeps() -> dict:
+    """Speedup vs k, vs acceptance length and vs batch, and stage breakdowns (the plots)."""
+    out: dict = {"vs_k": {}, "vs_acceptance_length": {}, "vs_batch": {}, "breakdown": {}}
+    for label, (model, workload, layout) in SCENARIOS.items():
+        ar = scenario_step(workload, layout, Speculation(), model=model)
+        out["vs_k"][label] = [
+            [k, round(ar.gen_s / scenario_step(workload, layout, EAGLE3.with_k(k), model=model).gen_s, 3)]
+            for k in KS
+        ]
+        out["vs_acceptance_length"][label] = [
+            [
+                al,
+                round(
+                    ar.gen_s
+                    / scenario_step(
+                        workload, layout, Speculation.from_acceptance_length("eagle3", 3, al), model=model
+                    ).gen_s,
+                    3,
+                ),
+            ]
+            for al in LENGTHS
+        ]
+        spec = scenario_step(workload, layout, EAGLE3, model=model)
+        out["breakdown"][label] = {"ar": ar.as_dict(2), "eagle3_k3": spec.as_dict(2)}
+        ar_replica = Replica(model, GB200, GPU_EFFICIENCY, layout.gen_tp)
+        spec_replica = Replica(model, GB200, GPU_EFFICIENCY, layout.gen_tp, EAGLE3)
+        context = workload.prompt_tokens + workload.response_mean_tokens
+        out["vs_batch"][label] = [
+            [
+                b,
+                round(ar_replica.tokens_per_second(b, context), 1),
+                round(
+                    spec_replica.tokens_per_second(b, context) / ar_replica.tokens_per_second(b, context), 3
+                ),
+            ]
+            for b in BATCHES
+        ]
+    return out
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    s = report["sweeps"]
+    for label in SCENARIOS:
+        axes[0, 0].plot(*zip(*s["vs_k"][label]), marker="o", label=label)
+        axes[0, 1].plot(*zip(*s["vs_acceptance_length"][label]), marker="o", label=label)
+        batch, _, speedup = zip(*s["vs_batch"][label])
+        axes[1, 0].semilogx(batch, speedup, marker="o", base=2, label=label)
+    paper_k = {3: 1.77, 5: 1.44, 7: 1.21}
+    axes[0, 0].scatter(list(paper_k), list(paper_k.values()), color="k", marker="x", label="paper 8B RL-Zero")
+    titles = (
+        ("generation speedup vs k (EAGLE-3, AL 3 at k=3)", "k", "speedup"),
+        ("generation speedup vs acceptance length (k=3)", "acceptance length", "speedup"),
+        ("steady-state tokens/s speedup vs batch (k=3)", "sequences per replica", "speedup"),
+    )
+    for ax, (title, xlabel, ylabel) in zip((axes[0, 0], axes[0, 1], axes[1, 0]), titles):
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.legend()
+    stages = ("data_s", "weight_sync_s", "exposed_gen_s", "logprob_s", "train_s")
+    bars = [
+        (f"{label}\n{mode}", s["breakdown"][label][mode])
+        for label in SCENARIOS
+        for mode in ("ar", "eagle3_k3")
+    ]
+    bottom = [0.0] * len(bars)
+    ax = axes[1, 1]
+    for stage in stages:
+        heights = [b[stage] for _, b in bars]
+        ax.bar([name for name, _ in bars], heights, bottom=bottom, label=stage.removesuffix("_s"))
+        bottom = [x + h for x, h in zip(bottom, heights)]
+    ax.set(title="RL step breakdown (sync, model)", ylabel="seconds")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend()
+    fig.suptitle("specrl simulator: Qwen3 on GB200 (model, GPU priors; docs/simulator.md)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_validate(out: Path, console: Console) -> dict:
+    """Calibrate, validate, sweep; write JSON and PNG; print the table."""
+    report = {
+        "meta": {
+            "command": f"specrl simulate validate --out {out}",
+            "date": datetime.date.today().isoformat(),
+            "gpu_efficiency_priors": GPU_EFFICIENCY.model_dump(),
+        },
+        "calibration": calibrate(),
+        "validation": validation_table(),
+        "sweeps": sweeps(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, out.with_suffix(".png"))
+    print_table(report["validation"], COLUMNS, "paper vs model", console)
+    fits = {k: report["calibration"][k] for k in ("decode_fit", "trainer_fit", "generation_check")}
+    for name, fit in fits.items():
+        console.print(
+            f"{name}: {fit['points']} points, rms rel error {fit['rms_rel_error']:.1%}, "
+            f"max {fit['max_abs_rel_error']:.1%}"
+        )
+    console.print(f"wrote {out} and {out.with_suffix('.png')}")
+    return report

@@ -1,0 +1,92 @@
+"""Speculation as the model sees it: how many tokens a verification step emits (from
+per-position acceptance) and what the draft costs.
+
+Speculative sampling is lossless: the emitted tokens follow the target's distribution
+whatever the draft proposes, so acceptance changes only speed, never what is trained on.
+Per-position acceptance a_i is the probability that draft token i is accepted given that
+tokens 1..i-1 were; the acceptance length (tokens per verification step) is then
+1 + sum_i prod_{j<=i} a_j."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from scipy.optimize import brentq
+
+from specrl.sim.errors import SimError
+from specrl.sim.models import ModelShape, eagle3_head, get_model
+
+Method = Literal["none", "eagle3", "draft_model", "ngram"]
+MAX_K = 16
+
+
+class Speculation(BaseModel):
+    """Draft method, draft length k and the per-position acceptance that goes with it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    method: Method = "none"
+    k: int = Field(0, ge=0, le=MAX_K)
+    acceptance: tuple[float, ...] = Field((), description="conditional acceptance per position, >= k")
+    draft_model: str = Field("qwen3-0.6b", description="the external draft (method draft_model)")
+    draft_vocab: int = Field(32000, gt=0, description="EAGLE-3's reduced output vocabulary")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Speculation:
+        if (self.method == "none") != (self.k == 0):
+            raise SimError(f"method {self.method!r} with k={self.k}: k is 0 exactly when method is 'none'")
+        if len(self.acceptance) < self.k:
+            raise SimError(f"k={self.k} needs at least {self.k} per-position acceptance values")
+        if any(not 0.0 <= a <= 1.0 for a in self.acceptance):
+            raise SimError(f"acceptance values must lie in [0, 1], got {list(self.acceptance)}")
+        return self
+
+    @classmethod
+    def geometric(cls, method: Method, k: int, alpha: float, **kw: object) -> Speculation:
+        """The same acceptance `alpha` at every position (the usual first model)."""
+        return cls(method=method, k=k, acceptance=(alpha,) * k, **kw)
+
+    @classmethod
+    def from_acceptance_length(cls, method: Method, k: int, length: float, **kw: object) -> Speculation:
+        """Geometric acceptance that gives the stated acceptance `length` at draft length k
+        (the form in which papers report acceptance)."""
+        if not 1.0 <= length <= k + 1:
+            raise SimError(f"acceptance length {length} is outside [1, k+1] = [1, {k + 1}]")
+        return cls.geometric(method, k, geometric_alpha(k, length), **kw)
+
+    @property
+    def acceptance_length(self) -> float:
+        return acceptance_length(self.acceptance[: self.k])
+
+    def with_k(self, k: int) -> Speculation:
+        """The same draft at another draft length (the last acceptance value extends)."""
+        if k == 0:
+            return Speculation()
+        values = self.acceptance or (0.0,)
+        extended = tuple(values[:k]) + (values[-1],) * max(0, k - len(values))
+        return self.model_copy(update={"k": k, "acceptance": extended})
+
+    def draft_shape(self, target: ModelShape) -> ModelShape | None:
+        """The network each sequential draft forward runs (None: drafting costs nothing
+        on the device, as for n-gram lookup)."""
+        if self.method == "eagle3":
+            return eagle3_head(target, self.draft_vocab)
+        if self.method == "draft_model":
+            return get_model(self.draft_model)
+        return None
+
+
+def acceptance_length(acceptance: tuple[float, ...] | list[float]) -> float:
+    """1 + expected accepted draft tokens per verification step."""
+    return 1.0 + float(np.sum(np.cumprod(np.asarray(acceptance, dtype=float))))
+
+
+def geometric_alpha(k: int, length: float) -> float:
+    """The per-position acceptance alpha with 1 + alpha + ... + alpha^k = length."""
+    if length <= 1.0:
+        return 0.0
+    if length >= k + 1:
+        return 1.0
+    return float(brentq(lambda a: acceptance_length((a,) * k) - length, 0.0, 1.0))
