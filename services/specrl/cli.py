@@ -219,7 +219,7 @@ def run_command(
     _logging(verbose)
     from specrl.orchestrator.data import DataError
     from specrl.orchestrator.run import RunExists, RunInterrupted, run
-    from specrl.orchestrator.system import StartupError
+    from specrl.orchestrator.system import ServicesNotReady, StartupError
 
     if continue_ and (fresh or resume):
         _fail("--continue decides between starting and --resume by itself: give it alone")
@@ -229,7 +229,7 @@ def run_command(
         console.print(f"--continue: {what} {cfg.run_dir}")
     try:
         run(cfg, console=console, fresh=fresh, resume=resume)
-    except RunInterrupted as e:
+    except (RunInterrupted, ServicesNotReady) as e:
         _fail(str(e), code=EX_TEMPFAIL)
     except (RunExists, DataError, StartupError, ValueError) as e:
         _fail(str(e))

@@ -205,6 +205,14 @@ class RolloutServerConfig(StrictModel):
     max_samples_per_request: int = Field(65536, ge=1)
     weight_sync: WeightReceiverConfig = WeightReceiverConfig()
 
+    @model_validator(mode="after")
+    def _nodes_find_node0(self) -> RolloutServerConfig:
+        if self.engine.nnodes > 1 and self.port == 0:
+            raise ValueError(
+                "engine.nnodes > 1 needs a fixed port: the other nodes watch node 0's gRPC health there"
+            )
+        return self
+
 
 class GRPOConfig(StrictModel):
     """The GRPO objective (DAPO-style asymmetric clipping, token-level aggregation)."""
@@ -448,6 +456,9 @@ class OrchestratorConfig(StrictModel):
     reclaim_idle_s: float = Field(300.0, gt=0)
     # Fail the run when no rollout arrives for this long (every replica down, say).
     stall_timeout_s: float = Field(1800.0, gt=0)
+    # How long `specrl run` waits at start for services running elsewhere (addresses)
+    # to serve: in a cluster one may be starting again after a failure.
+    services_timeout_s: float = Field(600.0, gt=0)
     # Save a trainer checkpoint every this many steps (0: only at the end). A resumed
     # run restarts from the last one; the steps since are kept in Redis to train again.
     checkpoint_every: int = Field(10, ge=0)
@@ -596,6 +607,11 @@ class RunConfig(StrictModel):
             raise ValueError(
                 f"rollout.server.engine.model ({engine.model}) and trainer.server.trainer.model "
                 f"({trainer.model}) must be the same policy"
+            )
+        if local_rollout and engine.nnodes > 1:
+            raise ValueError(
+                "rollout.server.engine.nnodes > 1: `specrl run` starts one-machine replicas; start a "
+                "multi-node replica with `specrl serve rollout` and `rollout-worker` and give its address"
             )
         if local_rollout and self.sampling.max_tokens >= engine.max_model_len:
             raise ValueError(

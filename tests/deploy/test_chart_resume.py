@@ -7,9 +7,10 @@ Two faults in one asynchronous run (lag 1, a checkpoint every 2 versions):
 - the orchestrator SIGKILLed: the trainer holds later steps than the last checkpoint and
   the replica serves a newer policy; the retry brings both back to the checkpoint (the
   trainer loads it, the replica is rewound) and trains the lost steps again;
-- the trainer SIGKILLed and started again on its initial weights, as its StatefulSet
-  would: the attempt stops with exit 75 (a retry may succeed), and the next one restores
-  the trainer from the checkpoint.
+- the trainer SIGKILLed: the attempt stops with exit 75 (a retry may succeed); the
+  trainer starts again on its initial weights, as its StatefulSet would, while the next
+  attempt already runs: it waits for the trainer to serve and restores it from the
+  checkpoint.
 Checked from the run's step log at the end: every step once, every admitted prompt
 trained on exactly once, and no sample trained on that a lost policy generated (lag
 never negative) or that breaks the lag bound."""
@@ -127,12 +128,13 @@ def test_a_failed_orchestrator_job_is_retried_and_resumes_the_run(zoo, tmp_path)
             assert second.says("resumed at version 2")
             rewound = services["rollout"].log_tail(400)
             assert re.search(r"policy v\d+ replaced by v2 \(the trainer resumed", rewound), rewound
-            # the trainer's pod fails and comes back on its initial weights
+            # the trainer's pod fails; the attempt with it
             services["trainer"].kill()
-            services["trainer"].start()
             assert second.wait() == 75, second.out.read_text()  # EX_TEMPFAIL: a retry may succeed
             assert second.says("specrl run --resume")
-            # attempt 3: restores the fresh trainer from the last checkpoint, finishes
+            # the pod starts again on its initial weights while attempt 3 already runs: it
+            # waits for the trainer, restores it from the last checkpoint and finishes
+            services["trainer"].start(wait=False)
             third = Attempt(job["args"], files, tmp_path / "attempt-3.out")
             assert third.wait() == 0, third.out.read_text()
             restored = third.says(r"trainer restored to the run's checkpoint \(v(\d+); it held v0\)")

@@ -116,3 +116,32 @@ def test_the_page_shows_live_numbers_and_draws_the_stage_chart(page):
         assert b.save_screenshot(str(ARTIFACTS / "status-page.png"))
     finally:
         b.quit()
+
+
+def test_replica_health_is_asked_at_most_once_per_interval_and_at_once_for_new_replicas():
+    """A real gRPC health service whose status changes: the cache answers from its last
+    asking within `max_age_s`, asks again after it, and at once when the replicas change."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from specrl.orchestrator.status import HealthCache
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        cache = HealthCache(max_age_s=1.0)
+        assert cache.get([address]) == [{"address": address, "health": "SERVING"}]
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert cache.get([address])[0]["health"] == "SERVING", "asked again within max_age_s"
+        time.sleep(1.1)
+        assert cache.get([address])[0]["health"] == "NOT_SERVING"
+        gone = "127.0.0.1:1"  # nothing listens there
+        assert [h["health"] for h in cache.get([address, gone])] == ["NOT_SERVING", "UNAVAILABLE"]
+    finally:
+        server.stop(0)

@@ -278,6 +278,15 @@ def test_bad_updates_are_refused_and_the_last_good_version_keeps_serving(system)
     v = _push_policy(system, seed=13)
     assert r1.status().weight_sync.policy_epoch == policy.epoch > epoch
     assert max_logprob_gap(r1, ref, tok)[0] < 2e-3 and r1.status().weight_sync.policy_version == v
+    # a sender that dies after Begin sends neither a broadcast nor Commit nor Abort (here:
+    # Begin by hand, then silence): the server ends the update itself once the group times
+    # out, and serves on (the next push re-forms the group)
+    assert _begin(r1, v + 1, policy.epoch, good).state == "receiving"
+    deadline = time.monotonic() + 3 * TIMEOUT_S
+    while r1.status().weight_sync.state != "idle" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    st = r1.status().weight_sync
+    assert st.state == "idle" and st.ready and st.policy_version == v, st
 
 
 def test_replicas_join_catch_up_leave_and_rejoin(system):

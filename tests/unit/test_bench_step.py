@@ -40,3 +40,26 @@ def test_compare_gives_ratios_to_ar_and_async_exposure():
     assert by["eagle3"]["reward_p_vs_ar"] == 1.0 and by["eagle3-async"]["reward_p_vs_ar"] < 1e-6
     for r in rows:
         assert set(TABLE_COLUMNS) <= set(r), set(TABLE_COLUMNS) - set(r)
+
+
+def test_a_report_compares_the_runs_it_has_when_the_named_baseline_is_missing(tmp_path):
+    """A comparison run that failed leaves no records: the report still compares the
+    runs that ran (against the first) instead of failing, and one run gets no table."""
+    from specrl.orchestrator.report import SideBySide, write_report
+
+    def run(gen: float) -> list[dict]:
+        records = _records(gen=gen, exposed=gen, train=6.0, reward=0.5)
+        return [r | {"step": i, "loss": 0.0, "entropy": 1.0} for i, r in enumerate(records)]
+
+    out = write_report(
+        {"main": run(2.0), "async": run(4.0), "ar": []}, tmp_path / "r", side_by_side=SideBySide(3, "ar")
+    )
+    text = out.read_text()
+    assert "## Side by side" in text and "ratios to `main`" in text
+    table = text[text.index("## Side by side") :].split("\n\n")[2].splitlines()
+    header = [c.strip() for c in table[0].split("|")[1:-1]]
+    row = next([c.strip() for c in line.split("|")[1:-1]] for line in table if line.startswith("| async |"))
+    assert float(row[header.index("gen_speedup_vs_ar")]) == 0.5  # against main: 2.0 / 4.0
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    single = write_report({"main": run(2.0)}, tmp_path / "s", side_by_side=SideBySide(3, "ar")).read_text()
+    assert "## Side by side" not in single

@@ -52,6 +52,10 @@ def _write(tmp_path, text: str, name: str = "run.yaml"):
         ("compare: {runs: [ar]}\ntrainer: {address: 'h:1'}", "needs the services started here"),
         ("compare: {runs: [sync]}", "compare.runs.0"),
         ("compare: {runs: [ar], steps: 1}", "compare.steps"),
+        ("rollout: {server: {port: 5, engine: {nnodes: 2, tensor_parallel_size: 2}}}", "one-machine"),
+        ("rollout: {server: {port: 0, engine: {nnodes: 2, tensor_parallel_size: 2}}}", "a fixed port"),
+        ("rollout: {server: {engine: {nnodes: 2, tensor_parallel_size: 3}}}", "split evenly over nnodes"),
+        ("orchestrator: {services_timeout_s: 0}", "services_timeout_s"),
     ],
 )  # fmt: skip
 def test_bad_run_configs_name_the_field(tmp_path, yaml_text, message):
@@ -207,3 +211,28 @@ def test_continue_decides_alone(tmp_path, other):
     result = CliRunner().invoke(app, ["run", "--config", str(config), "--continue", other])
     assert result.exit_code == 2 and "give it alone" in " ".join(result.output.split())
     assert not (tmp_path / "specrl").exists(), "nothing may start"
+
+
+def test_a_service_elsewhere_that_does_not_serve_is_waited_for_then_a_retryable_error(tmp_path):
+    """Nothing listens at the rollout address: after `services_timeout_s` the run stops
+    before anything starts, naming the service, with exit 75 (a Kubernetes Job retries:
+    the service may be a pod starting again)."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from specrl.cli import app
+
+    text = f"""
+output_dir: {tmp_path}/{{name}}
+orchestrator: {{services_timeout_s: 1}}
+rollout: {{replicas: 0, addresses: ['127.0.0.1:1']}}
+trainer: {{address: '127.0.0.1:1'}}
+redis: {{url: 'redis://127.0.0.1:1/0'}}
+"""
+    t0 = time.monotonic()
+    result = CliRunner().invoke(app, ["run", "--config", str(_write(tmp_path, text))])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 75, said
+    assert "rollout server at 127.0.0.1:1 is not serving after 1s (UNAVAILABLE)" in said
+    assert time.monotonic() - t0 < 30

@@ -19,6 +19,7 @@ def comparison(cfg: RunConfig, run: CompareRun) -> RunConfig:
     # the main run has shown its ports and passed its self-test (same engine and sampler)
     c["orchestrator"] |= {"steps": cfg.compare.steps, "metrics_port": None, "status_port": None}
     c["rollout"]["server"]["self_test"]["enabled"] = False
+    c["draft_trainer"]["server"]["save_dir"] = None  # its drafts under its own run directory
     if run == "ar":
         c["rollout"]["server"]["speculation"] = {"method": "none"}
         c["draft_trainer"]["enabled"] = False  # nothing to adapt, nothing to capture for

@@ -232,10 +232,12 @@ class Generators:
             self._give_back(delivery)
             return
         versions = [x.policy_version for x in resp.samples]
-        if min(versions) < self.min_version or max(versions) > self.max_version:
+        lowest, highest = min(versions), max(versions)
+        if lowest < self.min_version or highest > self.max_version:
             log.warning(
-                "%s serves v%d, not the run's policy: %s goes back", replica, versions[0], group.group_id
-            )
+                "%s sampled with policy v%d..v%d, outside v%d..v%d: %s goes back",
+                replica, lowest, highest, self.min_version, self.max_version, group.group_id,
+            )  # fmt: skip
             self.behind.add(replica)
             self._give_back(delivery)
             return

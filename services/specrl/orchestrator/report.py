@@ -114,9 +114,9 @@ def write_report(
     runs = {label: records for label, records in runs.items() if records}
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.with_suffix(".png")
-    side = None  # the runs' ratios, when they are compared (their baseline ran)
-    if side_by_side is not None and side_by_side.baseline in runs:
-        side = compare_runs(runs, side_by_side)
+    if side_by_side is None or side_by_side.baseline not in runs:  # several runs: vs the first
+        side_by_side = SideBySide(None, next(iter(runs))) if len(runs) > 1 else None
+    side = compare_runs(runs, side_by_side) if side_by_side is not None else None
     _plot(runs, png, title, side)
     rows = []
     for label, records in runs.items():

@@ -29,7 +29,7 @@ from specrl.orchestrator.loop import GenerationStalled, Orchestrator, TrainerLos
 from specrl.orchestrator.report import SideBySide, write_report
 from specrl.orchestrator.rewards import load_reward
 from specrl.orchestrator.status import StatusPage
-from specrl.orchestrator.system import ServiceDied, System
+from specrl.orchestrator.system import ServiceDied, StartupError, System
 from specrl.queue.streams import RunStreams
 from specrl.rollout.client import RolloutClient
 from specrl.trainer import checkpoint
@@ -44,7 +44,14 @@ RUN_DIRS = ("checkpoint", "checkpoint.partial", "checkpoint.old", "draft", "logs
 
 
 # What stops a run with its state kept for `--resume`: a service gone or restarted.
-INTERRUPTIONS = (grpc.RpcError, redis.exceptions.ConnectionError, GenerationStalled, ServiceDied, TrainerLost)
+INTERRUPTIONS = (
+    grpc.RpcError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    GenerationStalled,
+    ServiceDied,
+    TrainerLost,
+)
 
 
 class RunExists(RuntimeError):
@@ -117,18 +124,19 @@ def run(
     comparison runs (`compare.runs`), each with services of its own, and the report."""
     records, saved = _run(cfg, console=console, fresh=fresh, resume=resume, metrics=metrics)
     run_dir = cfg.run_dir
-    compared = {name: _compare(cfg, name, console) for name in cfg.compare.runs}
-    label = {name: describe(comparison(cfg, name)) for name in compared}
-    runs = {describe(cfg): records} | {label[n]: r for n, r in compared.items() if r}
-    how = SideBySide(
-        steps=cfg.compare.steps,
-        baseline=label.get("ar", describe(cfg)),
-        sync=describe(cfg) if "async" in compared else None,
-    )
-    report = write_report(
-        runs, run_dir / "report", title=f"specrl run: {cfg.name}", side_by_side=how if compared else None
-    )
+    title = f"specrl run: {cfg.name}"
     (run_dir / "summary.json").write_text(json.dumps({"steps": len(records), "checkpoint": saved}))
+    report = write_report({describe(cfg): records}, run_dir / "report", title=title)  # kept if the rest fails
+    compared = {name: _compare(cfg, name, console) for name in cfg.compare.runs}
+    done = {describe(comparison(cfg, n)): r for n, r in compared.items() if r}
+    if done:
+        how = SideBySide(
+            steps=cfg.compare.steps,
+            baseline=describe(comparison(cfg, "ar")) if compared.get("ar") else describe(cfg),
+            sync=describe(cfg) if compared.get("async") else None,
+        )
+        runs = {describe(cfg): records} | done
+        report = write_report(runs, run_dir / "report", title=title, side_by_side=how)
     console.print(f"report: {report}; checkpoint: {saved}")
     return RunResult(run_dir, records, report, saved, compared)
 
@@ -140,7 +148,7 @@ def _compare(cfg: RunConfig, name: CompareRun, console: Console) -> list[dict]:
     console.rule(f"comparison run {name!r}: {describe(c)}, {c.orchestrator.steps} steps")
     try:
         return _run(c, console=console, fresh=True, resume=False, metrics=False)[0]
-    except RunInterrupted as e:
+    except (RunInterrupted, StartupError) as e:  # services that failed, or would not start
         console.print(f"[yellow]comparison run {name!r} left out[/yellow]: {e}")
         return []
 
@@ -191,7 +199,7 @@ def _run(
     except INTERRUPTIONS as e:
         if isinstance(e, grpc.RpcError):
             what = f"{e.code().name}: {e.details()}"
-        elif isinstance(e, redis.exceptions.ConnectionError):
+        elif isinstance(e, redis.exceptions.RedisError):
             what = f"Redis: {e}"
         else:
             what = str(e)
@@ -230,15 +238,20 @@ def _loop(
         version = _restore(t, run_dir / "checkpoint", status.step, console) if resume else status.step
     tok = AutoTokenizer.from_pretrained(status.model)
     earlier: list[dict] = []
-    if resume and version == 0 and not streams.exists():
+    begun = streams.exists() or (run_dir / "steps.jsonl").exists()
+    if resume and version == 0 and not begun:
         console.print("nothing to resume yet (no step begun): starting the run")
-        resume = False
-    if resume:
+    elif resume:
         earlier = _roll_back(streams, version, run_dir / "steps.jsonl", console)
     elif streams.exists() and not fresh:
         raise RunExists(f"redis {system.redis_url} holds a run named {cfg.name!r}: --fresh replaces it")
     else:
         streams.clear()
+        if cfg.trainer.address and cfg.orchestrator.checkpoint_every:
+            # a trainer elsewhere outlives this process: a resume before the first periodic
+            # checkpoint must find one to bring it back to
+            with TrainerClient(system.trainer_address) as t:
+                t.save(str((run_dir / "checkpoint").resolve()))
     source = PromptSource(
         cfg.data,
         tok,

@@ -130,10 +130,32 @@ def replica_health(replicas: list[str], timeout_s: float = 2.0) -> list[dict[str
     return [{"address": a, "health": h} for a, h in zip(replicas, states)]
 
 
+class HealthCache:
+    """The replicas' health, asked at most once per `max_age_s` however many pages poll
+    (each asks every 2 s; a fleet of hundreds of replicas would be asked constantly),
+    and at once when the set of replicas changed."""
+
+    def __init__(self, max_age_s: float = 5.0) -> None:
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._asked: tuple[float, tuple[str, ...], list[dict[str, str]]] = (-max_age_s, (), [])
+
+    def get(self, replicas: list[str]) -> list[dict[str, str]]:
+        now_replicas = tuple(replicas)  # the list is the loop's, changing under us
+        with self._lock:  # one asking at a time: concurrent pages wait for it, then share it
+            at, which, health = self._asked
+            now = time.monotonic()
+            if now - at >= self.max_age_s or which != now_replicas:
+                health = replica_health(list(now_replicas))
+                self._asked = (now, now_replicas, health)
+            return health
+
+
 def create_app(status: RunStatus, token: str) -> FastAPI:
     app = FastAPI(title=f"specrl run {status.name}", docs_url=None, redoc_url=None)
     bearer = HTTPBearer(auto_error=False)
     page = resources.files("specrl.orchestrator").joinpath("status.html").read_text()
+    health = HealthCache()
 
     def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if credentials is None:
@@ -147,7 +169,7 @@ def create_app(status: RunStatus, token: str) -> FastAPI:
 
     @app.get("/api/status")
     def api_status() -> dict[str, Any]:
-        return {**status.snapshot(), "replicas": replica_health(status.replicas)}
+        return {**status.snapshot(), "replicas": health.get(status.replicas)}
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

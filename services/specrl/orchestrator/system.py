@@ -28,10 +28,20 @@ class ServiceDied(RuntimeError):
     """A service started here exited while the run went on."""
 
 
-def check_reachable(address: str, what: str, timeout: float = 10.0) -> None:
-    """gRPC health of a service that is supposed to be running already."""
-    if (status := serving.health_of(address, timeout)) != "SERVING":
-        raise StartupError(f"{what} at {address} is not serving ({status})")
+class ServicesNotReady(StartupError):
+    """A service running elsewhere did not serve in time: one that is starting (again)
+    may serve later, so a retry may succeed."""
+
+
+def check_reachable(address: str, what: str, timeout_s: float) -> None:
+    """Wait up to `timeout_s` for the gRPC health of a service that runs elsewhere (in a
+    cluster it may be starting again, e.g. a trainer pod reloading its model)."""
+    deadline = time.monotonic() + timeout_s
+    while (status := serving.health_of(address, min(10.0, timeout_s))) != "SERVING":
+        if time.monotonic() > deadline:
+            raise ServicesNotReady(f"{what} at {address} is not serving after {timeout_s:g}s ({status})")
+        log.info("%s at %s: %s; waiting", what, address, status)
+        time.sleep(2.0)
 
 
 class System:
@@ -52,6 +62,7 @@ class System:
         self.run_dir = run_dir
         self._max_restarts = cfg.rollout.max_restarts
         self._restarts: Counter[str] = Counter()
+        self._asked_trainer_at = 0.0
 
     def start(self) -> System:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -64,14 +75,15 @@ class System:
 
     def _start(self) -> None:
         cfg = self.cfg
+        wait_s = cfg.orchestrator.services_timeout_s
         for address in cfg.rollout.addresses:
-            check_reachable(address, "rollout server")
+            check_reachable(address, "rollout server", wait_s)
         if cfg.rollout.discover:
             self.replicas += self._first_replicas(cfg.rollout.discover, cfg.rollout.discover_timeout_s)
         if cfg.trainer.address:
-            check_reachable(cfg.trainer.address, "trainer")
+            check_reachable(cfg.trainer.address, "trainer", wait_s)
         if cfg.draft_trainer.enabled and cfg.draft_trainer.address:
-            check_reachable(cfg.draft_trainer.address, "draft-trainer")
+            check_reachable(cfg.draft_trainer.address, "draft-trainer", wait_s)
         if not cfg.redis.url:
             self.redis = RedisServer(self.redis_dir, aof=cfg.redis.aof).start()
             self.redis_url = self.redis.url
@@ -125,7 +137,7 @@ class System:
                 log.info("rollout replicas found by %s: %s serving of %s", spec, up, found)
                 return up
             if time.monotonic() > deadline:
-                raise StartupError(f"no rollout replica serves at {spec} after {timeout_s:g}s ({why})")
+                raise ServicesNotReady(f"no rollout replica serves at {spec} after {timeout_s:g}s ({why})")
             time.sleep(2.0)
 
     def _start_draft_trainer(self) -> None:
@@ -173,6 +185,17 @@ class System:
         for what, proc, tail in named:
             if proc is not None and proc.poll() is not None:
                 raise ServiceDied(f"{what} exited with {proc.returncode}; log tail:\n{tail()}")
+        self._check_trainer_elsewhere()
+
+    def _check_trainer_elsewhere(self, every_s: float = 5.0) -> None:
+        """A trainer running elsewhere (a pod) is asked for its health every `every_s`
+        while the loop waits for rollouts: one that went away stops the run at once
+        rather than when the loop next calls it (rollouts may keep it waiting long)."""
+        if not self.cfg.trainer.address or time.monotonic() - self._asked_trainer_at < every_s:
+            return
+        self._asked_trainer_at = time.monotonic()
+        if (status := serving.health_of(self.trainer_address, every_s)) == "UNAVAILABLE":
+            raise ServiceDied(f"the trainer at {self.trainer_address} is unreachable ({status})")
 
     def stop(self) -> None:
         for p in filter(None, [self.draft_trainer, *self.trainer, *self.rollout]):

@@ -210,7 +210,8 @@ class WeightUpdater:
         except DrainTimeout as e:
             raise WeightUpdateError("deadline", str(e)) from None
         task = asyncio.create_task(self.engine.receive_weights(kind, epoch, manifest.to_dict()))
-        self.pending = _Pending(kind, version, epoch, policy_basis, manifest.total_bytes, task, t0)
+        self.pending = p = _Pending(kind, version, epoch, policy_basis, manifest.total_bytes, task, t0)
+        task.add_done_callback(lambda _: asyncio.ensure_future(self._settle(p)))
         log.info(
             "receiving %s v%d: %d tensors, %d bytes",
             kind,
@@ -246,6 +247,23 @@ class WeightUpdater:
             await self._finish(p, _outcome(p.task))
         else:
             p.task.add_done_callback(lambda t: asyncio.ensure_future(self._finish(p, _outcome(t))))
+
+    async def _settle(self, p: _Pending) -> None:
+        """The receive ended without the sender having settled it yet. A sender that died
+        mid-update (a trainer pod killed) never sends Commit or Abort: a failed receive
+        (its group timed out or broke) is finished here, and a complete one that no
+        Commit follows within receive_timeout_s is abandoned, so the server never stays
+        "in progress" for good and the next sender's update is taken."""
+        if p.finished:
+            return
+        result, wait_s = _outcome(p.task), self.cfg.weight_sync.receive_timeout_s
+        if result["ok"]:
+            await asyncio.sleep(wait_s)
+            if p.finished:
+                return
+            p.aborted = p.aborted or f"no Commit within {wait_s:g}s of the broadcast"
+        log.warning("%s v%d ended without its sender: %s", p.kind, p.version, p.aborted or result["error"])
+        await self._finish(p, result)
 
     def _pending_for(self, kind: str, version: int) -> _Pending:
         p = self.pending
