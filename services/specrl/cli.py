@@ -448,18 +448,7 @@ def simulate_plan(
     if as_json:
         print(json.dumps(chosen.as_dict(), indent=2))
         return
-    layout, r, spec = chosen.layout, chosen.result, chosen.speculation
-    console.print(
-        f"[green]plan[/green] for {model} on {gpus} x {hardware}: {layout.gen_gpus} generation GPUs "
-        f"({layout.replicas} replicas x {layout.gen_tp}), {layout.train_gpus} training GPUs, "
-        f"{spec.method} k={spec.k} (AL {spec.acceptance_length:.2f}), lag {chosen.lag}"
-    )
-    console.print(
-        f"step {r.step_s:.1f} s (gen {r.gen_s:.1f}, exposed {r.exposed_gen_s:.1f}, "
-        f"logprob {r.logprob_s:.1f}, train {r.train_s:.1f}, sync {r.weight_sync_s:.1f}); idle: "
-        f"generation {r.idle_gen_s:.1f} s, training {r.idle_train_s:.1f} s; "
-        f"{chosen.speedup:.2f}x over the best AR sync layout ({chosen.baseline.step_s:.1f} s)"
-    )
+    console.print(f"[green]plan[/green] for {model} on {gpus} x {hardware}: {chosen.summary()}")
     console.print("Helm values (deploy/helm/specrl):")
     print(chosen.helm_values(), end="")
 

@@ -127,12 +127,14 @@ def run(
     title = f"specrl run: {cfg.name}"
     (run_dir / "summary.json").write_text(json.dumps({"steps": len(records), "checkpoint": saved}))
     report = write_report({describe(cfg): records}, run_dir / "report", title=title)  # kept if the rest fails
-    compared = {name: _compare(cfg, name, console) for name in cfg.compare.runs}
-    done = {describe(comparison(cfg, n)): r for n, r in compared.items() if r}
+    labels, compared = {}, {}
+    for name in cfg.compare.runs:
+        labels[name], compared[name] = _compare(cfg, name, console)
+    done = {labels[n]: r for n, r in compared.items() if r}
     if done:
         how = SideBySide(
             steps=cfg.compare.steps,
-            baseline=describe(comparison(cfg, "ar")) if compared.get("ar") else describe(cfg),
+            baseline=labels["ar"] if compared.get("ar") else describe(cfg),
             sync=describe(cfg) if compared.get("async") else None,
         )
         runs = {describe(cfg): records} | done
@@ -141,16 +143,17 @@ def run(
     return RunResult(run_dir, records, report, saved, compared)
 
 
-def _compare(cfg: RunConfig, name: CompareRun, console: Console) -> list[dict]:
-    """Comparison run `name`'s step records; none when it fails (the main run is complete
-    and its report is written without it)."""
+def _compare(cfg: RunConfig, name: CompareRun, console: Console) -> tuple[str, list[dict]]:
+    """Comparison run `name`: its label and step records, none when it fails (the main
+    run is complete and its report is written without it)."""
     c = comparison(cfg, name)
-    console.rule(f"comparison run {name!r}: {describe(c)}, {c.orchestrator.steps} steps")
+    label = describe(c)
+    console.rule(f"comparison run {name!r}: {label}, {c.orchestrator.steps} steps")
     try:
-        return _run(c, console=console, fresh=True, resume=False, metrics=False)[0]
+        return label, _run(c, console=console, fresh=True, resume=False, metrics=False)[0]
     except (RunInterrupted, StartupError) as e:  # services that failed, or would not start
         console.print(f"[yellow]comparison run {name!r} left out[/yellow]: {e}")
-        return []
+        return label, []
 
 
 def _run(
@@ -337,7 +340,7 @@ def _restore(trainer: TrainerClient, checkpoint_dir: Path, step: int, console: C
     held on to later steps (only the orchestrator failed) or restarted on its initial
     weights (its pod failed too), and loads it now."""
     saved = checkpoint.find(checkpoint_dir)
-    at = json.loads((saved / "meta.json").read_text())["step"] if saved is not None else 0
+    at = checkpoint.read_meta(saved)["step"] if saved is not None else 0
     if step == at:
         return at
     if saved is None:

@@ -25,7 +25,8 @@ class StartupError(RuntimeError):
 
 
 class ServiceDied(RuntimeError):
-    """A service started here exited while the run went on."""
+    """A service started here exited, or a trainer running elsewhere became unreachable,
+    while the run went on."""
 
 
 class ServicesNotReady(StartupError):

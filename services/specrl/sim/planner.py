@@ -38,6 +38,19 @@ class Plan:
     def speedup(self) -> float:
         return self.baseline.step_s / self.result.step_s
 
+    def summary(self) -> str:
+        """The plan in two lines: the layout and speculation, then the step it predicts."""
+        layout, r, spec = self.layout, self.result, self.speculation
+        return (
+            f"{layout.gen_gpus} generation GPUs ({layout.replicas} replicas x {layout.gen_tp}), "
+            f"{layout.train_gpus} training GPUs, {spec.method} k={spec.k} "
+            f"(AL {spec.acceptance_length:.2f}), lag {self.lag}\n"
+            f"step {r.step_s:.1f} s (gen {r.gen_s:.1f}, exposed {r.exposed_gen_s:.1f}, "
+            f"logprob {r.logprob_s:.1f}, train {r.train_s:.1f}, sync {r.weight_sync_s:.1f}); idle: "
+            f"generation {r.idle_gen_s:.1f} s, training {r.idle_train_s:.1f} s; "
+            f"{self.speedup:.2f}x over the best AR sync layout ({self.baseline.step_s:.1f} s)"
+        )
+
     def helm_values(self) -> str:
         """The values of deploy/helm/specrl that deploy this plan: rollout replicas (each
         across several pods when its tensor-parallel group outgrows a node), trainer

@@ -111,13 +111,18 @@ def find(directory: str | Path) -> Path | None:
     return None
 
 
+def read_meta(checkpoint: Path) -> dict:
+    """A checkpoint's meta.json (step, policy version, trainer config)."""
+    return json.loads((checkpoint / "meta.json").read_text())
+
+
 def load(policy: Policy, directory: str | Path) -> dict:
     """Collective: restore a checkpoint saved by `save` into a policy built with the same
     configuration (any parallel layout). Returns its meta."""
     src = find(directory)
     if src is None:
         raise FileNotFoundError(f"{directory} is not a specrl trainer checkpoint (no meta.json)")
-    meta = json.loads((src / "meta.json").read_text())
+    meta = read_meta(src)
     model_sd, optim_sd = get_state_dict(policy.model, policy.optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(src / "state"))

@@ -117,22 +117,18 @@ class TrainerCore:
         whatever version it serves, and later pushes replace newer versions too."""
         t0 = time.perf_counter()
         version = self.policy.step_count
+        sender = self._weight_sender()
+        out = PushOutcome(version)
         if rewind:
-            sender = self._weight_sender()
             sender.restart()
             for address in replicas:
                 sender.add_replica(address)  # no version yet: nothing to catch up
-            result = sender.push(version, self._source())
-            out = PushOutcome(version, list(result.members), dict(result.dropped), result.bytes)
-            out.phases = dict(result.phases)
-            out.seconds = time.perf_counter() - t0
-            return out
-        sender = self._weight_sender()
-        out = PushOutcome(version)
-        joining = sender.follow(replicas)
-        newer = bool(sender.members) and sender.version is not None and version > sender.version
-        if not newer and not joining and sender.version == version:
-            return out  # every replica is current: nothing to gather or send
+            joining, newer = [], True
+        else:
+            joining = sender.follow(replicas)
+            newer = bool(sender.members) and sender.version is not None and version > sender.version
+            if not newer and not joining and sender.version == version:
+                return out  # every replica is current: nothing to gather or send
         source = self._source()
         if newer:
             result = sender.push(version, source)
