@@ -309,14 +309,26 @@ def bench_rollout(
     quick: bool = typer.Option(False, help="A small grid (for smoke tests)."),
     concurrency: str = typer.Option("1,4,16,64", help="Comma-separated concurrency levels."),
     ks: str = typer.Option("1,3,5,7", help="Comma-separated draft lengths."),
+    only: str = typer.Option(
+        "",
+        help="Comma-separated speculators to run (eagle3-domain, eagle3-generic, draft, ngram); default all.",
+    ),
+    adaptive: bool = typer.Option(True, help="Also run each speculator with the adaptive k controller."),
 ) -> None:
-    """AR vs EAGLE-3 (domain, generic) vs draft model vs n-gram, over k and concurrency."""
-    from specrl.bench.rollout import run_rollout_bench
+    """AR vs EAGLE-3 (domain, generic) vs draft model vs n-gram, over k and concurrency,
+    and each with the adaptive controller choosing k (up to the largest of --ks)."""
+    from specrl.bench.rollout import SPECULATORS, run_rollout_bench
 
+    names = [n for n in only.split(",") if n]
+    known = {name for pair in SPECULATORS for name in pair if name}
+    if unknown := sorted(set(names) - known):
+        _fail(f"--only: unknown speculator(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
     run_rollout_bench(
         out,
         concurrency=[int(c) for c in concurrency.split(",")],
         ks=[int(k) for k in ks.split(",")],
+        only=names or None,
+        adaptive=adaptive,
         quick=quick,
         console=console,
     )

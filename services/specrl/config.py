@@ -39,6 +39,31 @@ SpeculationMethod = Literal["none", "eagle3", "draft_model", "ngram"]
 MAX_SPECULATIVE_TOKENS = 16
 
 
+class AdaptiveSpeculationConfig(StrictModel):
+    """The adaptive draft-length controller (rollout/adaptive.py): k per engine batch size,
+    0 included, chosen from the engine's measured step costs and acceptance."""
+
+    enabled: bool = False
+    # engine decode steps measured at one k in one batch range before its rate is trusted
+    min_samples: int = Field(8, ge=2)
+    # most recent steps kept per (batch range, k)
+    window: int = Field(32, ge=2)
+    # steps of a batch range after which its measurements are renewed
+    refresh_steps: int = Field(1000, ge=10)
+    # a k replaces the one in force only when measured this much faster; speculation is
+    # kept only when this much faster than AR (a wash goes to AR)
+    min_gain: float = Field(1.03, ge=1.0, le=2.0)
+    # acceptance per draft position is estimated over this many recent drafts there; the
+    # largest k is run until a quarter as many were verified at its last position
+    acceptance_window: int = Field(256, ge=8)
+
+    @model_validator(mode="after")
+    def _check(self) -> AdaptiveSpeculationConfig:
+        if self.window < self.min_samples:
+            raise ValueError("speculation.adaptive.window must be >= min_samples")
+        return self
+
+
 class SpeculationConfig(StrictModel):
     """Which speculative decoding the engine runs. `draft` is a model reference (path or
     zoo:NAME) for eagle3 and draft_model, and must be absent otherwise."""
@@ -55,6 +80,9 @@ class SpeculationConfig(StrictModel):
     # speculation off for that range (e.g. at high concurrency, where verifying drafts
     # costs more than it saves). None: num_speculative_tokens at every batch size.
     k_schedule: tuple[tuple[int, int, int], ...] | None = None
+    # k chosen per batch size by the server from measurements (k_schedule, if given, is
+    # where it starts; num_speculative_tokens is the largest k it tries)
+    adaptive: AdaptiveSpeculationConfig = AdaptiveSpeculationConfig()
 
     @model_validator(mode="after")
     def _check(self) -> SpeculationConfig:
@@ -67,6 +95,8 @@ class SpeculationConfig(StrictModel):
             raise ValueError("speculation.prompt_lookup_min must be <= prompt_lookup_max")
         if self.k_schedule is not None:
             self._check_schedule(self.k_schedule)
+        if self.adaptive.enabled and not self.enabled:
+            raise ValueError("speculation.adaptive needs a speculation method")
         return self
 
     def _check_schedule(self, schedule: tuple[tuple[int, int, int], ...]) -> None:

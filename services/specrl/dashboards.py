@@ -152,6 +152,24 @@ DASHBOARDS = (
                 "Draft length k",
                 (("max by (instance) (specrl_rollout_num_speculative_tokens)", "{{instance}}"),),
             ),
+            Panel(
+                "Adaptive k by engine batch size",
+                (("specrl_rollout_adaptive_k", "{{instance}} batch {{batch_sizes}}"),),
+                description="The draft length the adaptive controller set per range of engine "
+                "batch sizes (speculation.adaptive); 0 is speculation off.",
+            ),
+            Panel(
+                "Adaptive controller: estimated tokens/s by k",
+                (
+                    (
+                        "specrl_rollout_adaptive_tokens_per_second",
+                        "{{instance}} batch {{batch_sizes}} k={{k}}",
+                    ),
+                ),
+                unit="tps",
+                description="Measured step cost with measured acceptance, per k the controller has "
+                "measured; it keeps the fastest, and k=0 unless speculation wins by min_gain.",
+            ),
         ),
     ),
     Dashboard(

@@ -210,3 +210,47 @@ def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(serve
         c.set_k_schedule([(1, 128, 0)])
         off = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0].acceptance
         assert off.drafts == 0
+
+
+def _adaptive_server(servers, draft: str):
+    cfg = server_config("eagle3", 3, draft, metrics_port=0)
+    spec = cfg.speculation.model_dump() | {"adaptive": {"enabled": True}}
+    return servers.get(cfg.model_copy(update={"speculation": type(cfg.speculation).model_validate(spec)}))
+
+
+@pytest.mark.parametrize(
+    ("draft", "batch", "speculates"),
+    [("zoo:eagle3-domain", 1, True), ("zoo:eagle3-generic", 64, False)],
+    ids=["domain-batch1", "generic-batch64"],
+)
+def test_adaptive_k_keeps_speculation_where_it_pays_and_turns_it_off_where_it_costs(
+    servers, draft, batch, speculates
+):
+    """speculation.adaptive on a real engine, where this machine's measured costs decide.
+    One sequence at a time (engine batch 1) with the in-domain head (acceptance ~3.5 at
+    k=3): verifying drafts is cheap and they pay, so the controller keeps k >= 2. 64
+    sequences at once with the generic-init head (acceptance ~1.3): verification is
+    compute-bound at that batch (measured here: 34 ms per AR step, 45 at k=1, 63 at
+    k=3), so speculation costs more than it saves and the controller turns it off for
+    that batch size. The schedule it set is in GetStatus and in the metrics;
+    SetSpeculation is refused."""
+    proc = _adaptive_server(servers, draft)
+    prompts = [
+        p.prompt for p in task.take(max(batch, 12), seed=21, split="test", max_operand=20, max_terms=3)
+    ]
+    with RolloutClient(proc.address) as c:
+        assert c.status().speculation.adaptive
+        for i in range(12 if batch == 1 else 4):
+            c.generate([prompts[i]] if batch == 1 else prompts, max_tokens=48, ignore_eos=True, seed=i)
+        state = c.status().speculation
+        with pytest.raises(grpc.RpcError) as refused:
+            c.set_k_schedule([(1, 128, 1)])
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "adaptive" in refused.value.details()
+    k = next(r.k for r in state.k_schedule if r.first <= batch <= r.last)
+    assert (k >= 2) if speculates else (k == 0), list(state.k_schedule)
+    assert state.k_schedule[0].first == 1 and state.k_schedule[-1].last == 128  # every batch size has a k
+    body = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
+    label = "1" if batch == 1 else "49-64"
+    assert f'specrl_rollout_adaptive_k{{batch_sizes="{label}"}} {float(k)}' in body
+    assert f'specrl_rollout_adaptive_tokens_per_second{{batch_sizes="{label}",k="0"}}' in body

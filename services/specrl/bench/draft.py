@@ -9,8 +9,12 @@ prompts, temperature 1, 48 tokens) for: AR (first and last), the initial draft f
 and the adapted draft at each k, and n-gram (on the generic run's policy). Speedup is
 tokens/s over the faster AR run of the same policy and concurrency.
 
+Each draft (frozen and adapted) is also served with the adaptive k controller
+(speculation.adaptive, k up to the largest measured), measured twice per level: while it
+learns, then with what it learned; the table shows the latter beside the fixed ks.
+
 Not measured here (issue 5): an "RL-Think" column (long traces from an SFT'd variant;
-the zoo has no such model yet) and the adaptive k controller (not built).
+the zoo has no such model yet).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 
 from specrl.bench.report import machine, markdown_table, print_table, speedups_over_ar
-from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, closed_loop
+from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, closed_loop, passes
 from specrl.config import RolloutServerConfig, RunConfig
 from specrl.launcher import ServiceProcess
 
@@ -32,6 +36,8 @@ TABLE_COLUMNS = (
     "draft",
     "method",
     "k",
+    "adaptive",
+    "k_at_c",
     "concurrency",
     "tokens_per_s",
     "acceptance_length",
@@ -75,8 +81,8 @@ def _run_config(init: str, steps: int, root: Path) -> RunConfig:
     )
 
 
-def _server(policy: str, method: str, draft: str, k: int) -> RolloutServerConfig:
-    spec: dict = {"method": method, "num_speculative_tokens": max(1, k)}
+def _server(policy: str, method: str, draft: str, k: int, adaptive: bool) -> RolloutServerConfig:
+    spec: dict = {"method": method, "num_speculative_tokens": max(1, k), "adaptive": {"enabled": adaptive}}
     if draft:
         spec["draft"] = draft
     return RolloutServerConfig.model_validate(
@@ -89,32 +95,37 @@ def _server(policy: str, method: str, draft: str, k: int) -> RolloutServerConfig
     )
 
 
+Cell = tuple[str, str, str, int, bool]  # draft label, method, draft path, k, adaptive
+
+
 def _measure(
-    init: str, policy: str, cell: tuple[str, str, str, int], prompts: list[str], levels: list[int], console
+    init: str, policy: str, cell: Cell, prompts: list[str], levels: list[int], console
 ) -> list[dict]:
     """One rollout server of `policy` with the cell's speculation, measured at each level."""
-    label, method, draft, k = cell
-    console.print(f"  {label} {method} k={k}: starting server")
+    label, method, draft, k, adaptive = cell
+    console.print(f"  {label} {method} {'adaptive k<=' if adaptive else 'k='}{k}: starting server")
     rows = []
-    with ServiceProcess(_server(policy, method, draft, k)) as proc:
+    with ServiceProcess(_server(policy, method, draft, k, adaptive)) as proc:
         closed_loop(proc.address, prompts[:8], 4)  # warm-up
         for c in levels:
-            r = closed_loop(proc.address, prompts, c)
-            al = 1 + r["accepted"] / r["drafts"] if r["drafts"] else 1.0
-            rows.append(
-                {
-                    "init": init,
-                    "draft": label,
-                    "method": "ar" if method == "none" else method,
-                    "k": k,
-                    "concurrency": c,
-                    "tokens": r["tokens"],
-                    "seconds": round(r["seconds"], 3),
-                    "tokens_per_s": round(r["tokens"] / r["seconds"], 1),
-                    "acceptance_length": round(al, 3),
-                }
-            )
-            console.print(f"    c={c:<3} {rows[-1]['tokens_per_s']:>8.1f} tok/s  AL {al:.2f}")
+            for phase, r, k_at_c in passes(proc.address, prompts, c, k, adaptive):
+                al = 1 + r["accepted"] / r["drafts"] if r["drafts"] else 1.0
+                rows.append(
+                    {
+                        "init": init,
+                        "draft": label,
+                        "method": "ar" if method == "none" else method,
+                        "k": k,
+                        "adaptive": phase,
+                        "k_at_c": k_at_c,
+                        "concurrency": c,
+                        "tokens": r["tokens"],
+                        "seconds": round(r["seconds"], 3),
+                        "tokens_per_s": round(r["tokens"] / r["seconds"], 1),
+                        "acceptance_length": round(al, 3),
+                    }
+                )
+                console.print(f"    c={c:<3} {phase:<8} {rows[-1]['tokens_per_s']:>8.1f} tok/s  AL {al:.2f}")
     return rows
 
 
@@ -149,14 +160,14 @@ def run_draft_bench(
             policy = str(Path(result.checkpoint) / "hf")
             adapted = result.run_dir / "draft"
             published = (adapted / "config.json").is_file()
-            cells = [("ar", "none", "", 0)]
-            for k in ks:
-                cells.append(("frozen", "eagle3", f"zoo:{init}", k))
-                if published:
-                    cells.append(("adapted", "eagle3", str(adapted), k))
+            cells: list[Cell] = [("ar", "none", "", 0, False)]
+            drafts = [("frozen", f"zoo:{init}")] + ([("adapted", str(adapted))] if published else [])
+            for label, path in drafts:
+                cells += [(label, "eagle3", path, k, False) for k in ks]
+                cells.append((label, "eagle3", path, max(ks), True))
             if init == "eagle3-generic":
-                cells.append(("-", "ngram", "", 3))
-            cells.append(("ar", "none", "", 0))
+                cells.append(("-", "ngram", "", 3, False))
+            cells.append(("ar", "none", "", 0, False))
             for cell in cells:
                 rows += _measure(init, policy, cell, prompts, concurrency, console)
             if not published:  # the run served the initial draft throughout: adapted is frozen
@@ -176,18 +187,23 @@ def run_draft_bench(
 def paper_table(rows: list[dict], ks: list[int], concurrency: int) -> str:
     """Speedup over AR at one concurrency, shaped like the paper's table: a row per draft
     init x adaptation, a column per k."""
-    lines = ["| draft | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    head = [f"k={k}" for k in ks] + [f"adaptive (k<={max(ks)})"]
+    lines = ["| draft | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
     for init in INITS:
         for label in ("frozen", "adapted"):
             cells = []
-            for k in ks:
+            for k, phase in [(k, "") for k in ks] + [(max(ks), "learned")]:
                 hit = [
                     r
                     for r in rows
-                    if (r["init"], r["draft"], r["k"], r["concurrency"]) == (init, label, k, concurrency)
+                    if (r["init"], r["draft"], r["k"], r["concurrency"], r.get("adaptive", ""))
+                    == (init, label, k, concurrency, phase)
                 ]
+                chosen = f", k={hit[0]['k_at_c']}" if hit and phase else ""
                 cells.append(
-                    f"{hit[0]['speedup_vs_ar']:.2f}x (AL {hit[0]['acceptance_length']:.2f})" if hit else ""
+                    f"{hit[0]['speedup_vs_ar']:.2f}x (AL {hit[0]['acceptance_length']:.2f}{chosen})"
+                    if hit
+                    else ""
                 )
             name = init.removeprefix("eagle3-")
             lines.append(
@@ -199,8 +215,7 @@ def paper_table(rows: list[dict], ks: list[int], concurrency: int) -> str:
     if ngram:
         r = ngram[0]
         lines.append(
-            f"| n-gram (k=3) | {r['speedup_vs_ar']:.2f}x (AL {r['acceptance_length']:.2f}) |"
-            + " |" * (len(ks) - 1)
+            f"| n-gram (k=3) | {r['speedup_vs_ar']:.2f}x (AL {r['acceptance_length']:.2f}) |" + " |" * len(ks)
         )
     return "\n".join(lines)
 
@@ -232,13 +247,17 @@ def _plot(path: Path, rows: list[dict], runs: dict[str, list[dict]], levels: lis
     for ax, c in zip(axes, levels):
         for init in INITS:
             for label, style in (("frozen", "--"), ("adapted", "-")):
-                pts = sorted(
-                    (r["k"], r["speedup_vs_ar"])
-                    for r in rows
-                    if (r["init"], r["draft"], r["concurrency"]) == (init, label, c)
-                )
-                if pts:
-                    ax.plot(*zip(*pts), style, marker="o", label=f"{init.removeprefix('eagle3-')} {label}")
+                mine = [r for r in rows if (r["init"], r["draft"], r["concurrency"]) == (init, label, c)]
+                pts = sorted((r["k"], r["speedup_vs_ar"]) for r in mine if not r.get("adaptive"))
+                if not pts:
+                    continue
+                name = f"{init.removeprefix('eagle3-')} {label}"
+                (line,) = ax.plot(*zip(*pts), style, marker="o", label=name)
+                for r in mine:  # the adaptive controller, at the k it chose
+                    if r.get("adaptive") == "learned":
+                        ax.plot(
+                            r["k_at_c"], r["speedup_vs_ar"], marker="*", markersize=13, color=line.get_color()
+                        )
         ax.axhline(1.0, color="gray", linestyle=":", linewidth=1)
         ax.set(title=f"speedup vs AR, concurrency {c}", xlabel="draft length k")
         ax.legend(fontsize=7)

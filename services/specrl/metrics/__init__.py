@@ -7,6 +7,8 @@ PromQL, as vLLM does: `1 + rate(..._accepted_tokens_total) / rate(..._drafts_tot
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -14,6 +16,9 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
+
+if TYPE_CHECKING:
+    from specrl.rollout.adaptive import AdaptiveK
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -126,6 +131,28 @@ class RolloutMetrics:
             ["kind", "outcome"],
             registry=r,
         )
+        self.adaptive_k = Gauge(
+            "specrl_rollout_adaptive_k",
+            "Draft length the adaptive controller has set for a range of engine batch sizes",
+            ["batch_sizes"],
+            registry=r,
+        )
+        self.adaptive_rate = Gauge(
+            "specrl_rollout_adaptive_tokens_per_second",
+            "Engine output rate the adaptive controller estimates at draft length k for a "
+            "range of batch sizes (measured step cost, measured acceptance)",
+            ["batch_sizes", "k"],
+            registry=r,
+        )
+
+    def observe_adaptive(self, controller: AdaptiveK) -> None:
+        for r in controller.ranges:
+            self.adaptive_k.labels(batch_sizes=r.label).set(r.k)
+            costs = controller.costs(r)
+            for k, rate in controller.rates(r, costs).items():
+                if k not in costs:
+                    continue
+                self.adaptive_rate.labels(batch_sizes=r.label, k=str(k)).set(rate)
 
 
 class WeightSenderMetrics:

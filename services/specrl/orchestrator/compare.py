@@ -37,5 +37,10 @@ def describe(cfg: RunConfig) -> str:
     elif spec.method == "none":
         how = "AR"
     else:
-        how = f"{spec.method} k={spec.num_speculative_tokens}"
+        k = (
+            f"adaptive k<={spec.num_speculative_tokens}"
+            if spec.adaptive.enabled
+            else f"k={spec.num_speculative_tokens}"
+        )
+        how = f"{spec.method} {k}"
     return f"{how}, lag {cfg.orchestrator.max_lag}"

@@ -131,7 +131,10 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
 
     def _speculation_state(self) -> pb.SpeculationState:
         schedule = self.service.k_schedule or ()
-        return pb.SpeculationState(k_schedule=[pb.KRange(first=a, last=b, k=k) for a, b, k in schedule])
+        return pb.SpeculationState(
+            k_schedule=[pb.KRange(first=a, last=b, k=k) for a, b, k in schedule],
+            adaptive=self.service.adaptive is not None,
+        )
 
     async def SetSpeculation(self, request, context):
         schedule = tuple((r.first, r.last, r.k) for r in request.k_schedule)

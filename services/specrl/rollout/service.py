@@ -16,8 +16,9 @@ from pydantic import ValidationError
 
 from specrl.config import RolloutServerConfig
 from specrl.metrics import RolloutMetrics
+from specrl.rollout.adaptive import AdaptiveK
 from specrl.rollout.admission import AdmissionGate
-from specrl.rollout.engines.base import Engine, GeneratedSample, Sampling, SelfTestResult
+from specrl.rollout.engines.base import Engine, EngineStep, GeneratedSample, Sampling, SelfTestResult
 from specrl.rollout.weights import WeightUpdater
 
 log = logging.getLogger("specrl.rollout")
@@ -52,6 +53,14 @@ class RolloutService:
         self._ids = itertools.count()
         self.k_schedule = cfg.speculation.k_schedule
         metrics.speculative_tokens.set(engine.info.k)
+        self.adaptive: AdaptiveK | None = None
+        self._applying: asyncio.Task | None = None
+        spec = cfg.speculation
+        if spec.adaptive.enabled:
+            self.adaptive = AdaptiveK(
+                spec.adaptive, spec.num_speculative_tokens, cfg.engine.max_num_seqs, start=spec.k_schedule
+            )
+            engine.watch_steps(self._on_step)
 
     @property
     def policy_version(self) -> int:
@@ -92,6 +101,8 @@ class RolloutService:
     async def set_k_schedule(self, schedule: tuple[tuple[int, int, int], ...]) -> None:
         """Change k by batch size from the next engine step. Raises NotServing when the
         engine started without a schedule, ValueError (naming the problem) for a bad one."""
+        if self.adaptive is not None:
+            raise NotServing("the adaptive controller sets the draft length (speculation.adaptive)")
         if self.k_schedule is None:
             raise NotServing("started without speculation.k_schedule: the draft length is fixed")
         try:
@@ -105,8 +116,32 @@ class RolloutService:
         self.k_schedule = checked
         log.info("k schedule set to %s", list(checked))
 
+    def _on_step(self, step: EngineStep) -> None:
+        """Feed the adaptive controller (on the engine's output loop: must be quick)."""
+        assert self.adaptive is not None
+        changed = self.adaptive.observe(step)
+        if changed and (self._applying is None or self._applying.done()):
+            self._applying = asyncio.get_running_loop().create_task(self._apply_adaptive())
+        elif self.adaptive.steps % 100 == 0:
+            self.metrics.observe_adaptive(self.adaptive)
+
+    async def _apply_adaptive(self) -> None:
+        """Give the engine the controller's schedule until the engine has the latest."""
+        assert self.adaptive is not None
+        while (schedule := self.adaptive.schedule()) != self.k_schedule:
+            try:
+                await self.engine.set_k_schedule(list(schedule))
+            except Exception:  # the engine is going away; the next change tries again
+                log.exception("could not apply the adaptive k schedule %s", list(schedule))
+                return
+            self.k_schedule = schedule
+            self.metrics.observe_adaptive(self.adaptive)
+            log.info("adaptive k schedule now %s", list(schedule))
+
     async def start(self) -> None:
         """Ask the engine which specrl fixes it runs, then self-test its sampler."""
+        if self.adaptive is not None:
+            await self._apply_adaptive()
         self.engine_patches = await self.engine.applied_patches()
         log.info("engine fixes active in the workers: %s", self.engine_patches or "none")
         await self.run_self_test()

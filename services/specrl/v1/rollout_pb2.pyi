@@ -44,10 +44,12 @@ class SetSpeculationRequest(_message.Message):
     def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ...) -> None: ...
 
 class SpeculationState(_message.Message):
-    __slots__ = ("k_schedule",)
+    __slots__ = ("k_schedule", "adaptive")
     K_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     k_schedule: _containers.RepeatedCompositeFieldContainer[KRange]
-    def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ...) -> None: ...
+    adaptive: bool
+    def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ..., adaptive: _Optional[bool] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

@@ -130,8 +130,9 @@ class RolloutServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetSpeculation(self, request, context):
-        """Change the draft length by engine batch size while serving (the adaptive speculation
-        controller's lever). The server must have started with speculation.k_schedule;
+        """Change the draft length by engine batch size while serving (by hand; a server with
+        speculation.adaptive sets it itself and refuses this with FAILED_PRECONDITION).
+        The server must have started with speculation.k_schedule;
         ranges as there: from batch size 1, no gaps, each k at most num_speculative_tokens.
         Requests in flight continue under the new schedule from the next engine step.
         """

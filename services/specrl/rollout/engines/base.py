@@ -3,7 +3,7 @@ generation backend implements. Nothing here imports an engine."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -25,6 +25,21 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """One decode step of the engine, as the engine reports it.
+
+    batch: requests in the step; seconds: the engine's time from the previous step's
+    output to this one's (the step's whole cost, scheduling included);
+    drafted / accepted: per draft position, how many requests drafted / had accepted a
+    token at that position (verification of the drafts proposed in the previous step)."""
+
+    batch: int
+    seconds: float
+    drafted: tuple[int, ...] = ()
+    accepted: tuple[int, ...] = ()
 
 
 @dataclass
@@ -122,6 +137,11 @@ class Engine(Protocol):
 
     async def set_k_schedule(self, schedule: list[tuple[int, int, int]]) -> None:
         """Draft length by batch size from now on (the engine started with one)."""
+        ...
+
+    def watch_steps(self, listener: Callable[[EngineStep], None]) -> None:
+        """Call `listener` with every decode step (engines started with
+        speculation.adaptive; on the event loop that runs `generate`)."""
         ...
 
     def shutdown(self) -> None: ...

@@ -16,17 +16,19 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from specrl.config import EngineConfig, RolloutServerConfig, SpeculationConfig, resolve_model_path
 from specrl.rollout.engines.base import (
     Acceptance,
     EngineInfo,
+    EngineStep,
     FinishReason,
     GeneratedSample,
     Sampling,
     SelfTestResult,
 )
+from specrl.rollout.engines.vllm_steps import step_logger
 from specrl.weightsync.group import JoinInfo
 
 log = logging.getLogger("specrl.rollout.vllm")
@@ -35,8 +37,10 @@ WORKER_EXTENSION = "specrl.rollout.engines.vllm_worker.SpecrlWorkerExtension"
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-def speculative_config(spec: SpeculationConfig) -> dict | None:
-    """vLLM's `speculative_config` for a specrl speculation config (None when off)."""
+def speculative_config(spec: SpeculationConfig, max_num_seqs: int) -> dict | None:
+    """vLLM's `speculative_config` for a specrl speculation config (None when off). An
+    adaptive engine starts with a schedule (the full k everywhere unless one is given):
+    without one, vLLM cannot change k at runtime."""
     if not spec.enabled:
         return None
     cfg: dict = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
@@ -45,8 +49,11 @@ def speculative_config(spec: SpeculationConfig) -> dict | None:
         cfg["prompt_lookup_max"] = spec.prompt_lookup_max
     else:
         cfg["model"] = resolve_model_path(spec.draft or "")
-    if spec.k_schedule is not None:
-        cfg["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in spec.k_schedule]
+    schedule = spec.k_schedule
+    if schedule is None and spec.adaptive.enabled:
+        schedule = ((1, max_num_seqs, spec.num_speculative_tokens),)
+    if schedule is not None:
+        cfg["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in schedule]
     return cfg
 
 
@@ -56,7 +63,7 @@ def engine_args(engine: EngineConfig, speculation: SpeculationConfig, *, node_ra
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     model = resolve_model_path(engine.model)
-    spec = speculative_config(speculation)
+    spec = speculative_config(speculation, engine.max_num_seqs)
     # read by the engine processes started from these arguments
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_threads_bind
     nodes = {}
@@ -79,6 +86,10 @@ def engine_args(engine: EngineConfig, speculation: SpeculationConfig, *, node_ra
         logprobs_mode="processed_logprobs",
         per_request_spec_decode_metrics="summary" if spec else "none",
         worker_extension_cls=WORKER_EXTENSION,
+        # the adaptive controller's input: every step's batch and execution time; vLLM's own
+        # stat loggers (a log line per step with these on) are replaced by specrl's
+        enable_logging_iteration_details=speculation.adaptive.enabled,
+        disable_log_stats=speculation.adaptive.enabled,
         **nodes,
     )
 
@@ -135,7 +146,7 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         model = resolve_model_path(engine.model)
-        spec = speculative_config(speculation)
+        spec = speculative_config(speculation, engine.max_num_seqs)
         args = engine_args(engine, speculation)
         self._tokenizer = AutoTokenizer.from_pretrained(model)
         hf = AutoConfig.from_pretrained(model)
@@ -150,7 +161,9 @@ class VllmEngine:
             vocab_size=hf.vocab_size,
             workers=engine.tensor_parallel_size,
         )
-        self._llm = AsyncLLM.from_engine_args(args)
+        self._step_listeners: list[Callable[[EngineStep], None]] = []
+        loggers = [step_logger(self._step_listeners)] if speculation.adaptive.enabled else None
+        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -241,6 +254,9 @@ class VllmEngine:
         from specrl.rollout.engines.vllm_control import METHOD
 
         await self._llm.engine_core.call_utility_async(METHOD, [list(e) for e in schedule])
+
+    def watch_steps(self, listener: Callable[[EngineStep], None]) -> None:
+        self._step_listeners.append(listener)
 
     def shutdown(self) -> None:
         self._llm.shutdown()

@@ -1,0 +1,210 @@
+"""Adaptive speculation: the draft length k chosen per engine batch size from what the
+engine measures while it serves, including k=0 (speculation off) where drafting costs
+more than it saves.
+
+Why measured, not modelled: whether speculation pays depends on things no config knows,
+namely the draft's current acceptance (which moves as the policy drifts and the draft is
+re-published), the batch size (verification is nearly free at batch 1 and compute-bound at
+large batches), and the hardware's fixed per-step costs of drafting. So the controller
+learns, per range of batch sizes, the engine's output rate at each k from the engine's own
+step records, and sets vLLM's batch-size -> k schedule from it.
+
+Per batch range it measures three anchors first (k = max, which also measures acceptance
+at every draft position; k = 0, the AR baseline; k = 1), then predicts the rate of every
+other k from the measured per-position acceptance and the step cost interpolated between
+measured ks, tries the most promising prediction, and keeps the best *measured* k. A
+speculative k is kept only when it beats the measured AR rate by `min_gain`: a wash goes
+to AR, so speculation is never kept where it is measurably slower. Every `refresh_steps`
+steps of a range its measurements are renewed (draft and load change during RL).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specrl.config import AdaptiveSpeculationConfig
+from specrl.rollout.engines.base import EngineStep
+
+
+def batch_ranges(max_batch: int) -> list[tuple[int, int]]:
+    """Ranges of batch sizes that share one k: 1, 2, 3-4, 5-6, 7-8, 9-12, 13-16, ...
+    (each about 1.5x the last), covering 1..max_batch."""
+    lasts = sorted({2**n for n in range(32)} | {3 * 2**n for n in range(1, 32)})
+    ranges, first = [], 1
+    for last in lasts:
+        ranges.append((first, min(last, max_batch)))
+        if last >= max_batch:
+            return ranges
+        first = last + 1
+    raise ValueError(f"batch size {max_batch} too large")
+
+
+@dataclass
+class _Range:
+    first: int
+    last: int
+    k: int
+    seconds: dict[int, deque[float]] = field(default_factory=dict)  # k -> step seconds
+    batches: deque[int] = field(default_factory=lambda: deque(maxlen=64))
+    steps: int = 0
+    deep_drafts: int = 0  # drafts verified at the deepest position since the last refresh
+
+    @property
+    def label(self) -> str:
+        return str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
+
+
+class AdaptiveK:
+    """Chooses k per batch range from observed engine steps. Plain and synchronous: the
+    caller feeds `observe` and applies the schedule it returns when that changes."""
+
+    def __init__(
+        self,
+        cfg: AdaptiveSpeculationConfig,
+        max_k: int,
+        max_batch: int,
+        *,
+        start: Sequence[tuple[int, int, int]] | None = None,
+    ) -> None:
+        """`start`: the schedule to begin with (each range takes the k of its first batch
+        size there); None: `max_k` everywhere."""
+        if max_k < 1:
+            raise ValueError("adaptive speculation needs num_speculative_tokens >= 1")
+        self.cfg = cfg
+        self.max_k = max_k
+        self.steps = 0
+        self.ranges = [_Range(a, b, _k_at(start, a, max_k)) for a, b in batch_ranges(max_batch)]
+        self._firsts = [r.first for r in self.ranges]
+        # per draft position, the most recent steps' (drafted, accepted) counts and their sums
+        self._recent: list[deque[tuple[int, int]]] = [deque() for _ in range(max_k)]
+        self._drafted = [0] * max_k
+        self._accepted = [0] * max_k
+        self._draft_share = 1.0  # fraction of requests that draft in a speculative step (n-gram < 1)
+        self._settle = 0  # steps to ignore after a schedule change (drafts of the old k in flight)
+
+    def schedule(self) -> tuple[tuple[int, int, int], ...]:
+        """The schedule in force: (first, last, k) ranges, neighbours with equal k merged."""
+        out: list[list[int]] = []
+        for r in self.ranges:
+            if out and out[-1][2] == r.k:
+                out[-1][1] = r.last
+            else:
+                out.append([r.first, r.last, r.k])
+        return tuple(tuple(e) for e in out)  # type: ignore[misc]
+
+    def acceptance(self) -> list[float]:
+        """Estimated probability that drafts are accepted up to each position (1-based
+        position i at index i-1), over the last `acceptance_window` drafts there."""
+        return [a / d if d > 0 else 0.0 for a, d in zip(self._accepted, self._drafted)]
+
+    def range_of(self, batch: int) -> _Range:
+        return self.ranges[min(bisect.bisect_right(self._firsts, batch) - 1, len(self.ranges) - 1)]
+
+    def observe(self, step: EngineStep) -> bool:
+        """Record one decode step; True when the schedule changed (apply `schedule()`)."""
+        if step.batch < 1 or step.seconds <= 0:
+            return False
+        self.steps += 1
+        self._learn_acceptance(step)
+        if self._settle > 0:
+            self._settle -= 1
+            return False
+        r = self.range_of(step.batch)
+        if len(step.drafted) > r.k and any(step.drafted[r.k :]):
+            return False  # verifies drafts of a larger k scheduled before a change
+        r.seconds.setdefault(r.k, deque(maxlen=self.cfg.window)).append(step.seconds)
+        r.batches.append(step.batch)
+        r.steps += 1
+        if len(step.drafted) == self.max_k:
+            r.deep_drafts += step.drafted[-1]
+        if r.steps % self.cfg.refresh_steps == 0:
+            r.seconds = {r.k: r.seconds[r.k]}  # renew: the anchors are measured again
+            r.deep_drafts = 0
+        if r.steps % self.cfg.min_samples or len(r.seconds[r.k]) < self.cfg.min_samples:
+            return False
+        chosen = self._choose(r)
+        if chosen == r.k:
+            return False
+        r.k = chosen
+        self._settle = 2
+        return True
+
+    def _learn_acceptance(self, step: EngineStep) -> None:
+        if not step.drafted or not any(step.drafted):
+            return
+        window = self.cfg.acceptance_window
+        for i, (d, a) in enumerate(zip(step.drafted[: self.max_k], step.accepted)):
+            if not d:
+                continue
+            recent = self._recent[i]
+            recent.append((d, a))
+            self._drafted[i] += d
+            self._accepted[i] += a
+            while self._drafted[i] - recent[0][0] >= window:
+                old_d, old_a = recent.popleft()
+                self._drafted[i] -= old_d
+                self._accepted[i] -= old_a
+        share = min(1.0, step.drafted[0] / step.batch)
+        self._draft_share = 0.9 * self._draft_share + 0.1 * share
+
+    def tokens_per_step(self, k: int) -> float:
+        """Expected tokens a request gains in one step at draft length k: one sampled or
+        bonus token plus the accepted drafts."""
+        return 1 + self._draft_share * sum(self.acceptance()[:k])
+
+    def costs(self, r: _Range) -> dict[int, float]:
+        """Median step seconds of each k measured enough in range `r`."""
+        return {k: statistics.median(v) for k, v in r.seconds.items() if len(v) >= self.cfg.min_samples}
+
+    def rates(self, r: _Range, costs: dict[int, float]) -> dict[int, float]:
+        """Tokens/s of every k in range `r`: tokens per step from the acceptance measured
+        at each draft position (pooled over all steps: far less noisy than one range's
+        token counts), over the step cost measured at k, or interpolated between the
+        speculative ks measured."""
+        spec_costs = sorted((k, c) for k, c in costs.items() if k >= 1)
+        batch = statistics.fmean(r.batches) if r.batches else 1.0
+        out: dict[int, float] = {}
+        for k in range(self.max_k + 1):
+            cost = costs.get(k) or (_interpolate(spec_costs, k) if k and spec_costs else None)
+            if cost:
+                out[k] = batch * self.tokens_per_step(k) / cost
+        return out
+
+    def _choose(self, r: _Range) -> int:
+        costs = self.costs(r)
+        if r.k == self.max_k and r.deep_drafts < self.cfg.acceptance_window // 4:
+            return r.k  # acceptance at the deepest position still too uncertain
+        for anchor in dict.fromkeys((self.max_k, 0, 1)):
+            if anchor not in costs:
+                return anchor
+        rates = self.rates(r, costs)
+        best = max(rates, key=rates.__getitem__)
+        if best not in costs:
+            return best  # predicted best: measure it
+        gain = self.cfg.min_gain
+        keep = r.k if r.k in costs and rates[best] <= rates[r.k] * gain else best
+        if keep != 0 and rates[keep] < rates[0] * gain:
+            return 0  # a wash goes to AR
+        return keep
+
+
+def _k_at(schedule: Sequence[tuple[int, int, int]] | None, batch: int, default: int) -> int:
+    for first, last, k in schedule or ():
+        if first <= batch <= last:
+            return k
+    return default
+
+
+def _interpolate(points: Sequence[tuple[int, float]], k: int) -> float:
+    """Piecewise-linear cost at k through measured (k, seconds) points, extended by the
+    slope of the two nearest points outside them (flat with one point)."""
+    if len(points) == 1:
+        return points[0][1]
+    ks = [p[0] for p in points]
+    i = min(max(bisect.bisect_left(ks, k), 1), len(points) - 1)
+    (k0, c0), (k1, c1) = points[i - 1], points[i]
+    return max(c0 + (c1 - c0) * (k - k0) / (k1 - k0), 1e-9)

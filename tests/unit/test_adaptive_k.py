@@ -1,0 +1,156 @@
+"""The adaptive draft-length controller against simulated engines whose true best k is
+known: it must find it (or a k within its gain margin), turn speculation off where it
+costs time, follow acceptance when the draft degrades, and lose little to exploration.
+
+The engine here is a simulation (a cost model and Bernoulli acceptance), which is the
+point: the true optimum is computable. The controller in a real vLLM engine is tested in
+tests/integration/test_rollout_server.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specrl.config import AdaptiveSpeculationConfig, RolloutServerConfig
+from specrl.rollout.adaptive import AdaptiveK, batch_ranges
+from specrl.rollout.engines.base import EngineStep
+
+CFG = AdaptiveSpeculationConfig(enabled=True)
+
+
+class SimEngine:
+    """Step seconds = base(b) + (draft_fixed + per_pos * k) * (1 + b / knee) for k > 0;
+    each drafted position accepted with probability `alpha` while the previous was."""
+
+    def __init__(
+        self, *, alpha: float, base=0.010, draft_fixed=0.004, per_pos=0.002, knee=1e9, noise=0.05, seed=0
+    ) -> None:
+        self.alpha, self.base, self.draft_fixed, self.per_pos = alpha, base, draft_fixed, per_pos
+        self.knee, self.noise = knee, noise
+        self.rng = random.Random(seed)
+
+    def cost(self, k: int, batch: int) -> float:
+        spec = (self.draft_fixed + self.per_pos * k) * (1 + batch / self.knee) if k else 0.0
+        return self.base * (1 + batch / 32) + spec
+
+    def expected_rate(self, k: int, batch: int) -> float:
+        tokens = 1 + sum(self.alpha**i for i in range(1, k + 1))
+        return batch * tokens / self.cost(k, batch)
+
+    def best_k(self, max_k: int, batch: int) -> int:
+        return max(range(max_k + 1), key=lambda k: self.expected_rate(k, batch))
+
+    def step(self, k: int, batch: int) -> tuple[EngineStep, int]:
+        """One step at draft length k: what the engine reports, and the tokens it made."""
+        drafted, accepted, tokens = [0] * k, [0] * k, 0
+        for _ in range(batch):
+            n = 0
+            while n < k and self.rng.random() < self.alpha:
+                n += 1
+            for i in range(k):
+                drafted[i] += 1
+                accepted[i] += i < n
+            tokens += n + 1
+        seconds = self.cost(k, batch) * (1 + self.noise * self.rng.uniform(-1, 1))
+        return EngineStep(
+            batch=batch, seconds=seconds, drafted=tuple(drafted), accepted=tuple(accepted)
+        ), tokens
+
+
+def run(ctl: AdaptiveK, engine: SimEngine, batch: int, steps: int) -> tuple[float, int]:
+    """Drive `steps` decode steps at `batch`; returns (seconds, tokens)."""
+    seconds, tokens = 0.0, 0
+    for _ in range(steps):
+        s, made = engine.step(ctl.range_of(batch).k, batch)
+        ctl.observe(s)
+        seconds += s.seconds
+        tokens += made
+    return seconds, tokens
+
+
+def test_batch_ranges_cover_every_batch_size_once():
+    for max_batch in (1, 2, 5, 64, 100, 256):
+        ranges = batch_ranges(max_batch)
+        covered = [b for first, last in ranges for b in range(first, last + 1)]
+        assert covered == list(range(1, max_batch + 1))
+    assert batch_ranges(16)[:6] == [(1, 1), (2, 2), (3, 4), (5, 6), (7, 8), (9, 12)]
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.8, 0.95])
+def test_finds_the_best_k_when_speculation_pays(alpha):
+    engine, ctl = SimEngine(alpha=alpha), AdaptiveK(CFG, 7, 128)
+    run(ctl, engine, 1, 600)
+    chosen, best = ctl.range_of(1).k, engine.best_k(7, 1)
+    assert chosen > 0
+    # the choice is the optimum or within the controller's gain margin of it
+    assert engine.expected_rate(chosen, 1) >= engine.expected_rate(best, 1) / CFG.min_gain**2
+
+
+def test_turns_speculation_off_where_it_costs_time():
+    engine, ctl = SimEngine(alpha=0.15), AdaptiveK(CFG, 5, 128)
+    assert engine.best_k(5, 1) == 0
+    run(ctl, engine, 1, 400)
+    assert ctl.range_of(1).k == 0
+    assert ctl.schedule()[0] == (1, 1, 0)
+
+
+def test_each_batch_range_gets_its_own_k():
+    """Verification cost growing with the batch (compute-bound at large batches): long
+    drafts at batch 1, none at batch 96."""
+    engine, ctl = SimEngine(alpha=0.8, knee=8), AdaptiveK(CFG, 7, 128)
+    assert engine.best_k(7, 1) >= 3 and engine.best_k(7, 96) == 0
+    for _ in range(10):
+        run(ctl, engine, 1, 60)
+        run(ctl, engine, 96, 60)
+    assert ctl.range_of(1).k >= 2
+    assert ctl.range_of(96).k == 0
+    ranges = {(a, b): k for a, b, k in ctl.schedule()}
+    assert sum(b - a + 1 for a, b in ranges) == 128  # the schedule still covers 1..128
+
+
+def test_exploration_costs_little_against_the_best_fixed_k():
+    """Over a realistic serving stretch, the adaptive run's throughput is within a few
+    percent of the best fixed k chosen with hindsight, and far above the worst."""
+    steps = 3000
+    engine = SimEngine(alpha=0.8, seed=1)
+    seconds, tokens = run(AdaptiveK(CFG, 7, 128), engine, 4, steps)
+    adaptive = tokens / seconds
+    best = max(engine.expected_rate(k, 4) for k in range(8))
+    worst = min(engine.expected_rate(k, 4) for k in range(8))
+    assert adaptive >= 0.95 * best
+    assert adaptive > worst * 1.3
+
+
+def test_follows_a_draft_that_stops_matching_the_policy():
+    """Acceptance collapses (a stale draft): the range goes to AR within a few hundred
+    steps; when the draft recovers, speculation comes back within a few refresh periods
+    (a range at k=0 learns acceptance only when it re-measures its anchors)."""
+    cfg = AdaptiveSpeculationConfig(enabled=True, refresh_steps=300)
+    ctl = AdaptiveK(cfg, 3, 128)
+    run(ctl, SimEngine(alpha=0.9), 1, 300)
+    assert ctl.range_of(1).k > 0
+    run(ctl, SimEngine(alpha=0.05, seed=2), 1, 400)
+    assert ctl.range_of(1).k == 0
+    run(ctl, SimEngine(alpha=0.9, seed=3), 1, 1200)
+    assert ctl.range_of(1).k > 0
+
+
+def test_starts_from_the_configured_schedule_and_ignores_steps_of_an_older_k():
+    ctl = AdaptiveK(CFG, 5, 16, start=[(1, 4, 2), (5, 16, 0)])
+    assert ctl.schedule() == ((1, 4, 2), (5, 16, 0))
+    # a step at batch 1 verifying 5 drafted positions belongs to a k it no longer runs
+    stale = EngineStep(batch=1, seconds=0.01, drafted=(1, 1, 1, 1, 1), accepted=(1, 1, 0, 0, 0))
+    for _ in range(50):
+        ctl.observe(stale)
+    assert not ctl.range_of(1).seconds
+    assert ctl.acceptance()[:2] == [1.0, 1.0]  # acceptance is still learned from it
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="adaptive needs a speculation method"):
+        RolloutServerConfig.model_validate({"speculation": {"adaptive": {"enabled": True}}})
+    with pytest.raises(ValueError, match="window must be >= min_samples"):
+        AdaptiveSpeculationConfig(enabled=True, min_samples=16, window=8)
+    with pytest.raises(ValueError, match="min_gain"):
+        AdaptiveSpeculationConfig(min_gain=0.9)

@@ -1,0 +1,65 @@
+"""`specrl bench rollout`'s grid and outputs (the benchmark itself runs real servers and
+is run by hand; its results are in docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from specrl.bench.rollout import _write, variants
+from specrl.cli import app
+
+
+def test_each_speculator_runs_at_every_k_then_adaptive_between_two_ar_runs():
+    vs = variants([1, 3], only=["eagle3-domain", "ngram"])
+    assert [v.label for v in vs] == [
+        "ar",
+        "eagle3:eagle3-domain:k1",
+        "eagle3:eagle3-domain:k3",
+        "eagle3:eagle3-domain:adaptive<=3",
+        "ngram:-:k1",
+        "ngram:-:k3",
+        "ngram:-:adaptive<=3",
+        "ar",
+    ]
+    adaptive = vs[3].config().speculation
+    assert adaptive.adaptive.enabled and adaptive.num_speculative_tokens == 3
+    assert not vs[2].config().speculation.adaptive.enabled
+    assert len(variants([3], adaptive=False)) == 2 + 4
+
+
+def test_outputs_hold_fixed_and_adaptive_rows(tmp_path):
+    def row(method, k, tps, adaptive="", k_at_c=None):
+        chosen = k if k_at_c is None else k_at_c
+        return {"method": method, "draft": "", "k": k, "adaptive": adaptive, "k_at_c": chosen,
+                "concurrency": 1, "tokens_per_s": tps, "acceptance_length": 1.0}  # fmt: skip
+
+    rows = [row("ar", 0, 100.0), row("ngram", 3, 90.0), row("ngram", 3, 99.0, "learning", 0),
+            row("ngram", 3, 101.0, "learned", 0)]  # fmt: skip
+    out = tmp_path / "rollout.json"
+    _write(out, rows, [1], {})
+    saved = json.loads(out.read_text())["rows"]
+    assert [r["speedup_vs_ar"] for r in saved] == [1.0, 0.9, 0.99, 1.01]
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert "learned" in out.with_suffix(".md").read_text()
+
+
+def test_unknown_speculator_is_refused():
+    result = CliRunner().invoke(app, ["bench", "rollout", "--only", "eagle3-domain,medusa"])
+    assert result.exit_code == 2 and "medusa" in result.output
+
+
+def test_draft_table_puts_the_adaptive_controller_beside_the_fixed_ks():
+    from specrl.bench.draft import paper_table
+
+    def row(draft, k, speedup, adaptive="", k_at_c=None):
+        return {"init": "eagle3-domain", "draft": draft, "method": "eagle3", "k": k, "adaptive": adaptive,
+                "k_at_c": k if k_at_c is None else k_at_c, "concurrency": 1, "speedup_vs_ar": speedup,
+                "acceptance_length": 3.0}  # fmt: skip
+
+    rows = [row("frozen", 3, 1.8), row("frozen", 7, 2.2), row("frozen", 7, 2.0, "learning", 7),
+            row("frozen", 7, 2.25, "learned", 6)]  # fmt: skip
+    table = paper_table(rows, [3, 7], 1).splitlines()
+    assert table[0] == "| draft | k=3 | k=7 | adaptive (k<=7) |"
+    assert table[2] == "| domain init, frozen | 1.80x (AL 3.00) | 2.20x (AL 3.00) | 2.25x (AL 3.00, k=6) |"
