@@ -54,7 +54,8 @@ class AdaptiveSpeculationConfig(StrictModel):
     # kept only when this much faster than AR (a wash goes to AR)
     min_gain: float = Field(1.03, ge=1.0, le=2.0)
     # acceptance per draft position is estimated over this many recent drafts there; the
-    # largest k is run until a quarter as many were verified at its last position
+    # largest k is run until a quarter as many were verified at its last position (for at
+    # most refresh_steps / 8 steps)
     acceptance_window: int = Field(256, ge=8)
 
     @model_validator(mode="after")

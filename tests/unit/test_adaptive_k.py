@@ -143,8 +143,19 @@ def test_starts_from_the_configured_schedule_and_ignores_steps_of_an_older_k():
     stale = EngineStep(batch=1, seconds=0.01, drafted=(1, 1, 1, 1, 1), accepted=(1, 1, 0, 0, 0))
     for _ in range(50):
         ctl.observe(stale)
-    assert not ctl.range_of(1).seconds
-    assert ctl.acceptance()[:2] == [1.0, 1.0]  # acceptance is still learned from it
+    assert not ctl.range_of(1).seconds and ctl.acceptance() == [0.0] * 5
+
+
+def test_a_drafter_that_proposes_less_than_k_is_credited_per_request():
+    """n-gram finds no match for some requests: acceptance counts per request in the
+    step, so the expected gain of a step is what the step actually yielded."""
+    ctl = AdaptiveK(CFG, 3, 16)
+    # 4 requests; only 2 drafted (3 tokens each), both accepted at position 1, one at 2
+    step = EngineStep(batch=4, seconds=0.01, drafted=(2, 2, 2), accepted=(2, 1, 0))
+    for _ in range(10):
+        ctl.observe(step)
+    assert ctl.acceptance() == [0.5, 0.25, 0.0]
+    assert ctl.tokens_per_step(3) == pytest.approx(1.75)
 
 
 def test_config_errors():

@@ -51,7 +51,7 @@ class _Range:
     seconds: dict[int, deque[float]] = field(default_factory=dict)  # k -> step seconds
     batches: deque[int] = field(default_factory=lambda: deque(maxlen=64))
     steps: int = 0
-    deep_drafts: int = 0  # drafts verified at the deepest position since the last refresh
+    deep_drafts: int = 0  # requests in steps at the largest k since the last refresh
 
     @property
     def label(self) -> str:
@@ -79,11 +79,10 @@ class AdaptiveK:
         self.steps = 0
         self.ranges = [_Range(a, b, _k_at(start, a, max_k)) for a, b in batch_ranges(max_batch)]
         self._firsts = [r.first for r in self.ranges]
-        # per draft position, the most recent steps' (drafted, accepted) counts and their sums
+        # per draft position, the most recent steps' (requests, accepted) counts and their sums
         self._recent: list[deque[tuple[int, int]]] = [deque() for _ in range(max_k)]
-        self._drafted = [0] * max_k
+        self._requests = [0] * max_k
         self._accepted = [0] * max_k
-        self._draft_share = 1.0  # fraction of requests that draft in a speculative step (n-gram < 1)
         self._settle = 0  # steps to ignore after a schedule change (drafts of the old k in flight)
 
     def schedule(self) -> tuple[tuple[int, int, int], ...]:
@@ -97,9 +96,10 @@ class AdaptiveK:
         return tuple(tuple(e) for e in out)  # type: ignore[misc]
 
     def acceptance(self) -> list[float]:
-        """Estimated probability that drafts are accepted up to each position (1-based
-        position i at index i-1), over the last `acceptance_window` drafts there."""
-        return [a / d if d > 0 else 0.0 for a, d in zip(self._accepted, self._drafted)]
+        """Per position (1-based position i at index i-1), the probability that a request
+        in a step drafting that far gets an accepted draft token there, over the last
+        `acceptance_window` such requests."""
+        return [a / n if n > 0 else 0.0 for a, n in zip(self._accepted, self._requests)]
 
     def range_of(self, batch: int) -> _Range:
         return self.ranges[min(bisect.bisect_right(self._firsts, batch) - 1, len(self.ranges) - 1)]
@@ -109,18 +109,18 @@ class AdaptiveK:
         if step.batch < 1 or step.seconds <= 0:
             return False
         self.steps += 1
-        self._learn_acceptance(step)
         if self._settle > 0:
             self._settle -= 1
             return False
         r = self.range_of(step.batch)
         if len(step.drafted) > r.k and any(step.drafted[r.k :]):
             return False  # verifies drafts of a larger k scheduled before a change
+        self._learn_acceptance(step, r.k)
         r.seconds.setdefault(r.k, deque(maxlen=self.cfg.window)).append(step.seconds)
         r.batches.append(step.batch)
         r.steps += 1
-        if len(step.drafted) == self.max_k:
-            r.deep_drafts += step.drafted[-1]
+        if r.k == self.max_k:
+            r.deep_drafts += step.batch
         if r.steps % self.cfg.refresh_steps == 0:
             r.seconds = {r.k: r.seconds[r.k]}  # renew: the anchors are measured again
             r.deep_drafts = 0
@@ -133,28 +133,27 @@ class AdaptiveK:
         self._settle = 2
         return True
 
-    def _learn_acceptance(self, step: EngineStep) -> None:
-        if not step.drafted or not any(step.drafted):
-            return
+    def _learn_acceptance(self, step: EngineStep, k: int) -> None:
+        """Count, per position up to the k in force, the step's requests and the drafts
+        accepted there. Per request, not per proposed draft: a drafter that proposes fewer
+        than k tokens for some requests (n-gram finds no match) gains less, and that is
+        what the rate must reflect."""
         window = self.cfg.acceptance_window
-        for i, (d, a) in enumerate(zip(step.drafted[: self.max_k], step.accepted)):
-            if not d:
-                continue
+        for i in range(k):
+            a = step.accepted[i] if i < len(step.accepted) else 0
             recent = self._recent[i]
-            recent.append((d, a))
-            self._drafted[i] += d
+            recent.append((step.batch, a))
+            self._requests[i] += step.batch
             self._accepted[i] += a
-            while self._drafted[i] - recent[0][0] >= window:
-                old_d, old_a = recent.popleft()
-                self._drafted[i] -= old_d
+            while self._requests[i] - recent[0][0] >= window:
+                old_n, old_a = recent.popleft()
+                self._requests[i] -= old_n
                 self._accepted[i] -= old_a
-        share = min(1.0, step.drafted[0] / step.batch)
-        self._draft_share = 0.9 * self._draft_share + 0.1 * share
 
     def tokens_per_step(self, k: int) -> float:
         """Expected tokens a request gains in one step at draft length k: one sampled or
         bonus token plus the accepted drafts."""
-        return 1 + self._draft_share * sum(self.acceptance()[:k])
+        return 1 + sum(self.acceptance()[:k])
 
     def costs(self, r: _Range) -> dict[int, float]:
         """Median step seconds of each k measured enough in range `r`."""
@@ -176,8 +175,11 @@ class AdaptiveK:
 
     def _choose(self, r: _Range) -> int:
         costs = self.costs(r)
-        if r.k == self.max_k and r.deep_drafts < self.cfg.acceptance_window // 4:
-            return r.k  # acceptance at the deepest position still too uncertain
+        learning = r.steps % self.cfg.refresh_steps < self.cfg.refresh_steps // 8
+        if r.k == self.max_k and r.deep_drafts < self.cfg.acceptance_window // 4 and learning:
+            # acceptance at the deepest position still too uncertain (bounded: a drafter
+            # that rarely proposes the full k, like n-gram, moves on after a while)
+            return r.k
         for anchor in dict.fromkeys((self.max_k, 0, 1)):
             if anchor not in costs:
                 return anchor
