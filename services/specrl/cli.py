@@ -316,20 +316,53 @@ def bench_rollout(
     adaptive: bool = typer.Option(True, help="Also run each speculator with the adaptive k controller."),
 ) -> None:
     """AR vs EAGLE-3 (domain, generic) vs draft model vs n-gram, over k and concurrency,
-    and each with the adaptive controller choosing k (up to the largest of --ks)."""
-    from specrl.bench.rollout import SPECULATORS, run_rollout_bench
+    and each with the adaptive k controller (up to the largest of --ks)."""
+    from specrl.bench.rollout import run_rollout_bench
 
-    names = [n for n in only.split(",") if n]
-    known = {name for pair in SPECULATORS for name in pair if name}
-    if unknown := sorted(set(names) - known):
-        _fail(f"--only: unknown speculator(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
+    names = _speculators(only)
     run_rollout_bench(
         out,
         concurrency=[int(c) for c in concurrency.split(",")],
         ks=[int(k) for k in ks.split(",")],
-        only=names or None,
+        only=names,
         adaptive=adaptive,
         quick=quick,
+        console=console,
+    )
+
+
+def _speculators(only: str) -> list[str]:
+    """--only's names, checked (exit 2 naming an unknown one)."""
+    from specrl.bench.rollout import pick_speculators
+
+    names = [n for n in only.split(",") if n]
+    try:
+        pick_speculators(names)
+    except ValueError as e:
+        _fail(f"--only: {e}")
+    return names
+
+
+@bench_app.command("adaptive")
+def bench_adaptive(
+    out: Path = typer.Option(Path("docs/bench/adaptive.json"), help="JSON output (Markdown beside)."),
+    only: str = typer.Option("eagle3-domain,eagle3-generic", help="Comma-separated speculators."),
+    ks: str = typer.Option(
+        "1,3", help="Comma-separated fixed draft lengths (the controller's limit: the largest)."
+    ),
+    concurrency: str = typer.Option("1,4,16,64", help="Comma-separated concurrency levels."),
+    rounds: int = typer.Option(3, min=1, help="Counted rounds (after one warm-up round)."),
+) -> None:
+    """Adaptive k vs each fixed k vs AR, all servers up at once, interleaved and repeated."""
+    from specrl.bench.adaptive import run_adaptive_bench
+    from specrl.bench.rollout import pick_speculators
+
+    run_adaptive_bench(
+        out,
+        speculators=pick_speculators(_speculators(only)),
+        ks=[int(k) for k in ks.split(",")],
+        concurrency=[int(c) for c in concurrency.split(",")],
+        rounds=rounds,
         console=console,
     )
 

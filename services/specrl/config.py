@@ -50,9 +50,13 @@ class AdaptiveSpeculationConfig(StrictModel):
     window: int = Field(32, ge=2)
     # steps of a batch range after which its measurements are renewed
     refresh_steps: int = Field(1000, ge=10)
-    # a k replaces the one in force only when measured this much faster; speculation is
-    # kept only when this much faster than AR (a wash goes to AR)
+    # a k replaces the one in force only when measured this much faster
     min_gain: float = Field(1.03, ge=1.0, le=2.0)
+    # speculation is kept only when estimated this much faster than AR (a wash goes to
+    # AR): the engine's cycle time does not see all that speculation costs per request
+    # (the drafter's share of prefill, frontend work on shared cores; ~10% measured on
+    # 2 CPU cores, docs/benchmarks.md)
+    ar_margin: float = Field(1.10, ge=1.0, le=3.0)
     # acceptance per draft position is estimated over this many recent drafts there; the
     # largest k is run until a quarter as many were verified at its last position (for at
     # most refresh_steps / 8 steps)

@@ -168,7 +168,7 @@ DASHBOARDS = (
                 ),
                 unit="tps",
                 description="Measured step cost with measured acceptance, per k the controller has "
-                "measured; it keeps the fastest, and k=0 unless speculation wins by min_gain.",
+                "measured; it keeps the fastest, and k=0 unless speculation wins by ar_margin.",
             ),
         ),
     ),

@@ -63,3 +63,11 @@ def test_draft_table_puts_the_adaptive_controller_beside_the_fixed_ks():
     table = paper_table(rows, [3, 7], 1).splitlines()
     assert table[0] == "| draft | k=3 | k=7 | adaptive (k<=7) |"
     assert table[2] == "| domain init, frozen | 1.80x (AL 3.00) | 2.20x (AL 3.00) | 2.25x (AL 3.00, k=6) |"
+
+
+def test_adaptive_bench_rotates_the_order_of_servers_every_round():
+    from specrl.bench.adaptive import _rotated
+
+    assert [_rotated(range(3), r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    result = CliRunner().invoke(app, ["bench", "adaptive", "--only", "medusa"])
+    assert result.exit_code == 2 and "medusa" in result.output

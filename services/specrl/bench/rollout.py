@@ -60,15 +60,24 @@ class Variant:
         )
 
 
+def pick_speculators(names: list[str] | None) -> list[tuple[str, str]]:
+    """The (method, draft) pairs named by draft or method name (e.g. eagle3-domain,
+    ngram); all of them for None or []. ValueError naming an unknown one."""
+    known = {name for pair in SPECULATORS for name in pair if name}
+    if unknown := sorted(set(names or ()) - known):
+        raise ValueError(
+            f"unknown speculator(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}"
+        )
+    return [(m, d) for m, d in SPECULATORS if not names or m in names or d in names]
+
+
 def variants(ks: list[int], *, only: list[str] | None = None, adaptive: bool = True) -> list[Variant]:
     """AR first and again last: speedups are taken over the faster of the two AR runs, so
     drift during the run (thermal, page cache, background load) cannot flatter speculation.
     Each speculator at every k, then (`adaptive`) with the controller choosing k up to the
-    largest. `only`: speculators by draft or method name (e.g. eagle3-domain, ngram)."""
+    largest. `only`: speculators by draft or method name (see `pick_speculators`)."""
     out = [Variant("none", "", 0)]
-    for method, draft in SPECULATORS:
-        if only and draft not in only and method not in only:
-            continue
+    for method, draft in pick_speculators(only):
         out += [Variant(method, draft, k) for k in ks]
         if adaptive:
             out.append(Variant(method, draft, max(ks), adaptive=True))

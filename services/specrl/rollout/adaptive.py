@@ -13,8 +13,8 @@ Per batch range it measures three anchors first (k = max, which also measures ac
 at every draft position; k = 0, the AR baseline; k = 1), then predicts the rate of every
 other k from the measured per-position acceptance and the step cost interpolated between
 measured ks, tries the most promising prediction, and keeps the best *measured* k. A
-speculative k is kept only when it beats the measured AR rate by `min_gain`: a wash goes
-to AR, so speculation is never kept where it is measurably slower. Every `refresh_steps`
+speculative k is kept only when it beats the measured AR rate by `ar_margin`: a wash goes
+to AR, so speculation is not kept where it is not clearly faster. Every `refresh_steps`
 steps of a range its measurements are renewed (draft and load change during RL).
 """
 
@@ -184,14 +184,16 @@ class AdaptiveK:
             if anchor not in costs:
                 return anchor
         rates = self.rates(r, costs)
-        best = max(rates, key=rates.__getitem__)
+        bar = rates[0] * self.cfg.ar_margin
+        worth = {k: rate for k, rate in rates.items() if k and rate >= bar}
+        if not worth:
+            return 0  # no k beats AR by the margin: a wash goes to AR
+        best = max(worth, key=worth.__getitem__)
         if best not in costs:
             return best  # predicted best: measure it
-        gain = self.cfg.min_gain
-        keep = r.k if r.k in costs and rates[best] <= rates[r.k] * gain else best
-        if keep != 0 and rates[keep] < rates[0] * gain:
-            return 0  # a wash goes to AR
-        return keep
+        if r.k in worth and r.k in costs and worth[best] <= worth[r.k] * self.cfg.min_gain:
+            return r.k
+        return best
 
 
 def _k_at(schedule: Sequence[tuple[int, int, int]] | None, batch: int, default: int) -> int:

@@ -1,0 +1,115 @@
+"""`specrl bench adaptive`: is the adaptive k controller ever slower than AR, or than the
+best fixed k? Interleaved and repeated, because on a small shared machine one pass of
+one server is not enough to tell differences of 10-20% apart.
+
+All servers of one speculator run at once (AR, the speculator at each fixed k, and with
+`speculation.adaptive` choosing k up to the largest); every round measures each of them
+at each concurrency, in an order that rotates from round to round, so drift of the
+machine spreads evenly over the variants. Round 0 is a warm-up for every server (and the
+controller's learning pass) and is not counted; the table gives the median tokens/s of
+the other rounds, their spread, and the ratio of medians to AR's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from contextlib import ExitStack
+from pathlib import Path
+
+from rich.console import Console
+
+from specrl.bench.report import machine, markdown_table, print_table
+from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, Variant, chosen_k, closed_loop
+from specrl.launcher import ServiceProcess
+
+TABLE_COLUMNS = (
+    "speculator",
+    "variant",
+    "concurrency",
+    "tokens_per_s",
+    "min",
+    "max",
+    "speedup_vs_ar",
+    "k_at_c",
+)
+
+
+def run_adaptive_bench(
+    out: Path,
+    *,
+    speculators: list[tuple[str, str]],
+    ks: list[int],
+    concurrency: list[int],
+    rounds: int = 3,
+    console: Console | None = None,
+) -> list[dict]:
+    from specrl.zoo import task
+    from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs
+
+    console = console or Console(stderr=True)
+    build_zoo(console=console)
+    per_level = {c: max(32, 4 * c) for c in concurrency}
+    prompts = [
+        p.prompt for p in task.take(max(per_level.values()), seed=99, split="test", **task_kwargs(ZooSpec()))
+    ]
+    rows: list[dict] = []
+    for method, draft in speculators:
+        variants = [Variant("none", "", 0)] + [Variant(method, draft, k) for k in ks]
+        variants.append(Variant(method, draft, max(ks), adaptive=True))
+        console.print(f"[bold]{draft or method}[/bold]: {', '.join(v.label for v in variants)}")
+        with ExitStack() as stack:
+            procs = [stack.enter_context(ServiceProcess(v.config())) for v in variants]
+            rates: dict[tuple[int, int], list[float]] = {}
+            for rnd in range(rounds + 1):
+                for c in concurrency:
+                    for i in _rotated(range(len(variants)), rnd):
+                        r = closed_loop(procs[i].address, prompts[: per_level[c]], c)
+                        if rnd:
+                            rates.setdefault((i, c), []).append(r["tokens"] / r["seconds"])
+                console.print(f"  round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
+            rows += _rows(variants, procs, rates, concurrency, draft or method)
+            for row in rows[-len(variants) * len(concurrency) :]:
+                console.print(
+                    f"  {row['variant']:<10} c={row['concurrency']:<3} {row['tokens_per_s']:>8.1f} tok/s "
+                    f"[{row['min']}, {row['max']}]  {row['speedup_vs_ar']:.2f}x AR  k {row['k_at_c']}"
+                )
+        _write(out, rows, rounds)
+    print_table(rows, TABLE_COLUMNS, "adaptive k vs fixed k vs AR (medians of interleaved rounds)", console)
+    return rows
+
+
+def _rotated(items: range, by: int) -> list[int]:
+    items = list(items)
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
+def _rows(variants, procs, rates, concurrency, speculator: str) -> list[dict]:
+    rows = []
+    for c in concurrency:
+        ar = statistics.median(rates[(0, c)])
+        for i, v in enumerate(variants):
+            got = rates[(i, c)]
+            name = "ar" if v.method == "none" else ("adaptive" if v.adaptive else f"k={v.k}")
+            rows.append(
+                {
+                    "speculator": speculator,
+                    "variant": name,
+                    "concurrency": c,
+                    "tokens_per_s": round(statistics.median(got), 1),
+                    "min": round(min(got), 1),
+                    "max": round(max(got), 1),
+                    "rounds": [round(x, 1) for x in got],
+                    "speedup_vs_ar": round(statistics.median(got) / ar, 3),
+                    "k_at_c": chosen_k(procs[i].address, c) if v.adaptive else v.k,
+                }
+            )
+    return rows
+
+
+def _write(out: Path, rows: list[dict], rounds: int) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"machine": machine(), "max_tokens": MAX_TOKENS, "temperature": TEMPERATURE, "rounds": rounds}
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    out.with_suffix(".md").write_text(markdown_table(rows, TABLE_COLUMNS) + "\n")
