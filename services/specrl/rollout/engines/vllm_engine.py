@@ -86,8 +86,8 @@ def engine_args(engine: EngineConfig, speculation: SpeculationConfig, *, node_ra
         logprobs_mode="processed_logprobs",
         per_request_spec_decode_metrics="summary" if spec else "none",
         worker_extension_cls=WORKER_EXTENSION,
-        # the adaptive controller's input: every step's batch and execution time; vLLM's own
-        # stat loggers (a log line per step with these on) are replaced by specrl's
+        # the adaptive controller's input: every step's batch composition (vllm_steps.py);
+        # vLLM's own stat loggers (a log line per step with this on) are replaced by specrl's
         enable_logging_iteration_details=speculation.adaptive.enabled,
         disable_log_stats=speculation.adaptive.enabled,
         **nodes,

@@ -1,0 +1,64 @@
+"""Engine cycle time of a plain AR vLLM engine vs a speculative one held at k=0, measured
+the way the adaptive k controller measures steps (vllm_steps.step_logger: the engine's
+time from one output to the next), one sequence at a time on the zoo target.
+
+Why: the controller's AR baseline is its own engine at k=0, which still runs the
+drafter; this measures how far that is from an AR server (docs/benchmarks.md).
+
+    .venv/bin/python scripts/engine_cycle.py [--draft zoo:eagle3-generic] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+
+from specrl.config import EngineConfig, SpeculationConfig
+from specrl.rollout.engines.vllm_control import METHOD
+from specrl.rollout.engines.vllm_engine import engine_args
+from specrl.rollout.engines.vllm_steps import step_logger
+from specrl.zoo import task
+
+
+async def median_cycle_ms(spec: SpeculationConfig, prompts: list[str]) -> float:
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = engine_args(EngineConfig(dtype="float32"), spec)
+    args.enable_logging_iteration_details, args.disable_log_stats = True, True
+    steps: list = []
+    llm = AsyncLLM.from_engine_args(args, stat_loggers=[step_logger([steps.append])])
+    try:
+        if spec.enabled:
+            await llm.engine_core.call_utility_async(METHOD, [[1, EngineConfig().max_num_seqs, 0]])
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        for i, prompt in enumerate(prompts):
+            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            params = SamplingParams(max_tokens=48, ignore_eos=True, seed=i)
+            async for _ in llm.generate({"prompt_token_ids": ids}, params, f"r{i}"):
+                pass
+    finally:
+        llm.shutdown()
+    return 1000 * statistics.median(s.seconds for s in steps)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draft", default="zoo:eagle3-generic")
+    parser.add_argument("--repeats", type=int, default=2)
+    opts = parser.parse_args()
+    prompts = [p.prompt for p in task.take(8, seed=21, split="test", max_operand=20, max_terms=3)]
+    ar = SpeculationConfig()
+    k0 = SpeculationConfig(method="eagle3", draft=opts.draft, adaptive={"enabled": True})
+    out: dict[str, list[float]] = {"ar_ms": [], "eagle3_k0_ms": []}
+    for _ in range(opts.repeats):  # alternated: drift falls on both
+        out["ar_ms"].append(round(await median_cycle_ms(ar, prompts), 2))
+        out["eagle3_k0_ms"].append(round(await median_cycle_ms(k0, prompts), 2))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
