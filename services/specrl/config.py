@@ -53,9 +53,9 @@ class AdaptiveSpeculationConfig(StrictModel):
     # a k replaces the one in force only when measured this much faster
     min_gain: float = Field(1.03, ge=1.0, le=2.0)
     # speculation is kept only when estimated this much faster than AR (a wash goes to
-    # AR): the engine's cycle time does not see all that speculation costs per request
-    # (the drafter's share of prefill, frontend work on shared cores; ~10% measured on
-    # 2 CPU cores, docs/benchmarks.md)
+    # AR): the estimate is the engine's own cycle time, which does not see everything
+    # (on 2 CPU cores it rated the generic head's k=1 ~10% faster than its k=0 while that
+    # server ran at 0.78-0.94x an AR server; docs/benchmarks.md)
     ar_margin: float = Field(1.10, ge=1.0, le=3.0)
     # acceptance per draft position is estimated over this many recent drafts there; the
     # largest k is run until a quarter as many were verified at its last position (for at

@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from specrl.bench.report import machine, markdown_table, print_table
-from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, Variant, chosen_k, closed_loop
+from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, Variant, chosen_k, closed_loop, zoo_test_prompts
 from specrl.launcher import ServiceProcess
 
 TABLE_COLUMNS = (
@@ -44,15 +44,9 @@ def run_adaptive_bench(
     rounds: int = 3,
     console: Console | None = None,
 ) -> list[dict]:
-    from specrl.zoo import task
-    from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs
-
     console = console or Console(stderr=True)
-    build_zoo(console=console)
     per_level = {c: max(32, 4 * c) for c in concurrency}
-    prompts = [
-        p.prompt for p in task.take(max(per_level.values()), seed=99, split="test", **task_kwargs(ZooSpec()))
-    ]
+    prompts = zoo_test_prompts(max(per_level.values()), console)
     rows: list[dict] = []
     for method, draft in speculators:
         variants = [Variant("none", "", 0)] + [Variant(method, draft, k) for k in ks]

@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 
 from specrl.bench.report import machine, markdown_table, print_table, speedups_over_ar
-from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, closed_loop, passes
+from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, closed_loop, passes, zoo_test_prompts
 from specrl.config import RolloutServerConfig, RunConfig
 from specrl.launcher import ServiceProcess
 
@@ -139,14 +139,9 @@ def run_draft_bench(
     console: Console | None = None,
 ) -> list[dict]:
     from specrl.orchestrator.run import run
-    from specrl.zoo import task
-    from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs
 
     console = console or Console(stderr=True)
-    build_zoo(console=console)
-    prompts = [
-        p.prompt for p in task.take(prompts_per_level, seed=99, split="test", **task_kwargs(ZooSpec()))
-    ]
+    prompts = zoo_test_prompts(prompts_per_level, console)
     rows: list[dict] = []
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="specrl-bench-draft-") as tmp:

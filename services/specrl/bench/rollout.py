@@ -84,6 +84,16 @@ def variants(ks: list[int], *, only: list[str] | None = None, adaptive: bool = T
     return [*out, Variant("none", "", 0)]
 
 
+def zoo_test_prompts(count: int, console: Console) -> list[str]:
+    """Build (or reuse) the zoo; `count` prompts of its task's test split, the same in
+    every rollout benchmark."""
+    from specrl.zoo import task
+    from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs
+
+    build_zoo(console=console)
+    return [p.prompt for p in task.take(count, seed=99, split="test", **task_kwargs(ZooSpec()))]
+
+
 def closed_loop(address: str, prompts: list[str], concurrency: int) -> dict:
     """Run `prompts` through `concurrency` client threads; totals and wall time."""
     lock = threading.Lock()
@@ -169,15 +179,9 @@ def run_rollout_bench(
     quick: bool = False,
     console: Console | None = None,
 ) -> list[dict]:
-    from specrl.zoo import task
-    from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs
-
     console = console or Console(stderr=True)
-    build_zoo(console=console)
     per_level = {c: (max(8, 2 * c) if quick else max(32, 4 * c)) for c in concurrency}
-    prompts = [
-        p.prompt for p in task.take(max(per_level.values()), seed=99, split="test", **task_kwargs(ZooSpec()))
-    ]
+    prompts = zoo_test_prompts(max(per_level.values()), console)
     costs = forward_costs()
     console.print(f"model forward costs (torch, batch 1): {costs}")
     rows: list[dict] = []

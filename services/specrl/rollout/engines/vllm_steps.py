@@ -61,6 +61,6 @@ def step_logger(listeners: list[Callable[[EngineStep], None]]):
                     log.exception("engine step listener failed")
 
         def log_engine_initialized(self) -> None:
-            pass
+            """Required by StatLoggerBase; the controller needs no startup record."""
 
     return StepLogger
