@@ -1,9 +1,10 @@
-"""Engine cycle time of a plain AR vLLM engine vs a speculative one held at k=0, measured
-the way the adaptive k controller measures steps (vllm_steps.step_logger: the engine's
-time from one output to the next), one sequence at a time on the zoo target.
+"""Engine cycle time of a plain AR vLLM engine vs a speculative one held at k=0, with its
+drafter running (vLLM's k=0) and paused (specrl's, when k=0 at every batch size),
+measured the way the adaptive k controller measures steps (vllm_steps.step_logger: the
+engine's time from one output to the next), one sequence at a time on the zoo target.
 
-Why: the controller's AR baseline is its own engine at k=0, which still runs the
-drafter; this measures how far that is from an AR server (docs/benchmarks.md).
+Why: the controller's AR baseline is its own engine at k=0; this measures how far that
+is from an AR server (docs/benchmarks.md).
 
     .venv/bin/python scripts/engine_cycle.py [--draft zoo:eagle3-generic] [--repeats 2]
 """
@@ -22,7 +23,7 @@ from specrl.rollout.engines.vllm_steps import step_logger
 from specrl.zoo import task
 
 
-async def median_cycle_ms(spec: SpeculationConfig, prompts: list[str]) -> float:
+async def median_cycle_ms(spec: SpeculationConfig, prompts: list[str], *, pause: bool = False) -> float:
     from transformers import AutoTokenizer
     from vllm import SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -34,6 +35,7 @@ async def median_cycle_ms(spec: SpeculationConfig, prompts: list[str]) -> float:
     try:
         if spec.enabled:
             await llm.engine_core.call_utility_async(METHOD, [[1, EngineConfig().max_num_seqs, 0]])
+            await llm.collective_rpc("specrl_pause_drafter", args=(pause,))
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         for i, prompt in enumerate(prompts):
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -53,10 +55,11 @@ async def main() -> None:
     prompts = [p.prompt for p in task.take(8, seed=21, split="test", max_operand=20, max_terms=3)]
     ar = SpeculationConfig()
     k0 = SpeculationConfig(method="eagle3", draft=opts.draft, adaptive={"enabled": True})
-    out: dict[str, list[float]] = {"ar_ms": [], "eagle3_k0_ms": []}
-    for _ in range(opts.repeats):  # alternated: drift falls on both
+    out: dict[str, list[float]] = {"ar_ms": [], "eagle3_k0_ms": [], "eagle3_k0_paused_ms": []}
+    for _ in range(opts.repeats):  # alternated: drift falls on all
         out["ar_ms"].append(round(await median_cycle_ms(ar, prompts), 2))
         out["eagle3_k0_ms"].append(round(await median_cycle_ms(k0, prompts), 2))
+        out["eagle3_k0_paused_ms"].append(round(await median_cycle_ms(k0, prompts, pause=True), 2))
     print(json.dumps(out))
 
 

@@ -154,9 +154,13 @@ DASHBOARDS = (
             ),
             Panel(
                 "Adaptive k by engine batch size",
-                (("specrl_rollout_adaptive_k", "{{instance}} batch {{batch_sizes}}"),),
+                (
+                    ("specrl_rollout_adaptive_k", "{{instance}} batch {{batch_sizes}}"),
+                    ("specrl_rollout_drafter_paused", "{{instance}} drafter paused"),
+                ),
                 description="The draft length the adaptive controller set per range of engine "
-                "batch sizes (speculation.adaptive); 0 is speculation off.",
+                "batch sizes (speculation.adaptive); 0 is speculation off. Drafter paused (1): "
+                "k=0 at every batch size, the draft model does not run at all.",
             ),
             Panel(
                 "Adaptive controller: estimated tokens/s by k",

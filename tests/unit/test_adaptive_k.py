@@ -103,6 +103,22 @@ def test_turns_speculation_off_where_it_costs_time():
     assert ctl.schedule()[0] == (1, 1, 0)
 
 
+def test_speculation_at_the_ar_margin_does_not_flap():
+    """A draft whose best k is right at the AR margin: going back from AR to speculation
+    takes `min_gain` more, so the schedule changes a few times per refresh period (the
+    re-measured anchors), not at every noisy decision."""
+    changes = []
+    for seed in range(6):
+        engine = SimEngine(alpha=0.35, base=0.0105, draft_fixed=0.0012, per_pos=0.0012, seed=seed)
+        ctl = AdaptiveK(CFG, 3, 128)
+        n = 0
+        for _ in range(5 * CFG.refresh_steps):
+            step, _ = engine.step(ctl.range_of(1).k, 1)
+            n += ctl.observe(step)
+        changes.append(n)
+    assert sum(changes) / len(changes) <= 4 * 5, changes
+
+
 def test_each_batch_range_gets_its_own_k():
     """Verification cost growing with the batch (compute-bound at large batches): long
     drafts at batch 1, none at batch 96."""

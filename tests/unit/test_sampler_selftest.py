@@ -45,9 +45,12 @@ def test_self_test_passes_with_the_fix(sampler, monkeypatch):
 
 def test_plugin_respects_the_disable_switch(monkeypatch):
     from vllm.v1.sample import rejection_sampler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = vllm_patches.ORIGINALS.get("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
     monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", original)
+    for name in ("_sample", "_bookkeeping_sync"):  # restored after the test
+        monkeypatch.setattr(GPUModelRunner, name, getattr(GPUModelRunner, name))
     monkeypatch.setattr(vllm_patches, "_APPLIED", [])
     monkeypatch.setenv(vllm_patches.DISABLE_ENV, "0")
     vllm_patches.register()
@@ -55,4 +58,4 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     monkeypatch.setenv(vllm_patches.DISABLE_ENV, "1")
     vllm_patches.register()
     assert rejection_sampler.expand_batch_to_tokens is vllm_patches._expand_batch_to_tokens
-    assert vllm_patches.applied() == ["fix_cpu_expand_batch_to_tokens"]
+    assert vllm_patches.applied() == ["fix_cpu_expand_batch_to_tokens", "fix_cpu_seeded_partial_prefill"]

@@ -137,6 +137,11 @@ class RolloutMetrics:
             ["batch_sizes"],
             registry=r,
         )
+        self.drafter_paused = Gauge(
+            "specrl_rollout_drafter_paused",
+            "1 while k is 0 at every batch size and the engine skips the drafter altogether",
+            registry=r,
+        )
         self.adaptive_rate = Gauge(
             "specrl_rollout_adaptive_tokens_per_second",
             "Engine output rate the adaptive controller estimates at draft length k for a "

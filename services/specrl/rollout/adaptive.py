@@ -14,7 +14,8 @@ at every draft position; k = 0, the AR baseline; k = 1), then predicts the rate 
 other k from the measured per-position acceptance and the step cost interpolated between
 measured ks, tries the most promising prediction, and keeps the best *measured* k. A
 speculative k is kept only when it beats the measured AR rate by `ar_margin`: a wash goes
-to AR, so speculation is not kept where it is not clearly faster. Every `refresh_steps`
+to AR, so speculation is not kept where it is not clearly faster (and going back from AR
+to speculation takes `min_gain` more, so a draft at the margin does not flap). Every `refresh_steps`
 steps of a range its measurements are renewed (draft and load change during RL).
 """
 
@@ -184,7 +185,9 @@ class AdaptiveK:
             if anchor not in costs:
                 return anchor
         rates = self.rates(r, costs)
-        bar = rates[0] * self.cfg.ar_margin
+        # from AR back to speculation takes min_gain more: no flapping at the margin (and a
+        # drafter paused at k=0 everywhere recomputes what is in flight when it resumes)
+        bar = rates[0] * self.cfg.ar_margin * (self.cfg.min_gain if r.k == 0 else 1.0)
         worth = {k: rate for k, rate in rates.items() if k and rate >= bar}
         if not worth:
             return 0  # no k beats AR by the margin: a wash goes to AR

@@ -134,6 +134,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         return pb.SpeculationState(
             k_schedule=[pb.KRange(first=a, last=b, k=k) for a, b, k in schedule],
             adaptive=self.service.adaptive is not None,
+            drafter_paused=self.service.drafter_paused,
         )
 
     async def SetSpeculation(self, request, context):

@@ -52,6 +52,7 @@ class RolloutService:
         self.weights = WeightUpdater(cfg, engine, metrics, self.gate, on_change=self._notify)
         self._ids = itertools.count()
         self.k_schedule = cfg.speculation.k_schedule
+        self.drafter_paused = False
         metrics.speculative_tokens.set(engine.info.k)
         self.adaptive: AdaptiveK | None = None
         self._applying: asyncio.Task | None = None
@@ -112,9 +113,15 @@ class RolloutService:
         except ValidationError as e:
             raise ValueError("; ".join(err["msg"] for err in e.errors())) from None
         assert checked is not None
-        await self.engine.set_k_schedule(list(checked))
+        self._drafter(await self.engine.set_k_schedule(list(checked)))
         self.k_schedule = checked
         log.info("k schedule set to %s", list(checked))
+
+    def _drafter(self, paused: bool) -> None:
+        if paused != self.drafter_paused:
+            log.info("drafter %s", "paused (k=0 at every batch size)" if paused else "resumed")
+        self.drafter_paused = paused
+        self.metrics.drafter_paused.set(1 if paused else 0)
 
     def _on_step(self, step: EngineStep) -> None:
         """Feed the adaptive controller (on the engine's output loop: must be quick)."""
@@ -130,7 +137,7 @@ class RolloutService:
         assert self.adaptive is not None
         while (schedule := self.adaptive.schedule()) != self.k_schedule:
             try:
-                await self.engine.set_k_schedule(list(schedule))
+                self._drafter(await self.engine.set_k_schedule(list(schedule)))
             except Exception:  # the engine is going away; the next change tries again
                 log.exception("could not apply the adaptive k schedule %s", list(schedule))
                 return

@@ -135,8 +135,10 @@ class Engine(Protocol):
 
     async def reset_prefix_cache(self) -> bool: ...
 
-    async def set_k_schedule(self, schedule: list[tuple[int, int, int]]) -> None:
-        """Draft length by batch size from now on (the engine started with one)."""
+    async def set_k_schedule(self, schedule: list[tuple[int, int, int]]) -> bool:
+        """Draft length by batch size from now on (the engine started with one). Returns
+        whether the drafter is paused: k=0 everywhere and the engine skips the drafter's
+        work altogether, not only its drafts."""
         ...
 
     def watch_steps(self, listener: Callable[[EngineStep], None]) -> None:

@@ -162,6 +162,7 @@ class VllmEngine:
             workers=engine.tensor_parallel_size,
         )
         self._step_listeners: list[Callable[[EngineStep], None]] = []
+        self._drafter_paused = False
         loggers = [step_logger(self._step_listeners)] if speculation.adaptive.enabled else None
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
 
@@ -250,10 +251,24 @@ class VllmEngine:
     async def reset_prefix_cache(self) -> bool:
         return bool(await self._llm.reset_prefix_cache())
 
-    async def set_k_schedule(self, schedule: list[tuple[int, int, int]]) -> None:
+    async def set_k_schedule(self, schedule: list[tuple[int, int, int]]) -> bool:
+        """The drafter is resumed before any k > 0 can be scheduled and paused only once
+        no batch size drafts (vllm_control.py), so no step drafts with a paused drafter.
+        On resume the draft KV written while paused is missing, for running requests and
+        for prompt blocks cached meanwhile: the prefix cache is reset with the running
+        requests preempted, so vLLM recomputes them (target and drafter) before they
+        continue. That costs one prefill of what is in flight, once per resume."""
         from specrl.rollout.engines.vllm_control import METHOD
 
+        pause = all(k == 0 for _, _, k in schedule)
+        if not pause and self._drafter_paused:
+            await self._llm.collective_rpc("specrl_pause_drafter", args=(False,))
+            await self._llm.reset_prefix_cache(reset_running_requests=True)
+            self._drafter_paused = False
         await self._llm.engine_core.call_utility_async(METHOD, [list(e) for e in schedule])
+        if pause and not self._drafter_paused:
+            self._drafter_paused = all(await self._llm.collective_rpc("specrl_pause_drafter", args=(True,)))
+        return self._drafter_paused
 
     def watch_steps(self, listener: Callable[[EngineStep], None]) -> None:
         self._step_listeners.append(listener)

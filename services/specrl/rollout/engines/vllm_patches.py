@@ -58,7 +58,60 @@ def fix_cpu_expand_batch_to_tokens() -> bool:
     return True
 
 
-_FIXES = (fix_cpu_expand_batch_to_tokens,)
+def _discarded_cpu_generators(runner) -> dict[int, tuple[torch.Generator, torch.Tensor]]:
+    """Seeded requests of this step whose sampled token will be discarded (a partial
+    prefill), with their CPU generator's state before sampling."""
+    import numpy as np
+
+    generators = runner.input_batch.generators
+    out = {}
+    for i in np.nonzero(runner.discard_request_mask.np[: runner.input_batch.num_reqs])[0]:
+        gen = generators.get(int(i))
+        if gen is not None and gen.device.type == "cpu":
+            out[int(i)] = (gen, gen.get_state())
+    return out
+
+
+def fix_cpu_seeded_partial_prefill() -> bool:
+    """vLLM's model runner rewinds a seeded request's generator by 4 Philox offsets when
+    it discards the token sampled for a partial (chunked) prefill; a CPU torch.Generator
+    has no offset, so the engine core dies ("CPU Generator does not use offset") the
+    first time a seeded request's prefill is chunked: a prompt over the token budget, or
+    requests recomputed together after a preemption (the drafter resume does that). Not
+    filed upstream that we found (vllm-rbln fixed its fork by skipping the rewind). Here
+    the CPU generator's state is saved before sampling and restored after, which is what
+    the rewind means, and the rewind is skipped for those requests."""
+    import vllm
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if not vllm.__version__.startswith("0.32.") or torch.cuda.is_available():
+        return False
+    sample = ORIGINALS.setdefault("GPUModelRunner._sample", GPUModelRunner._sample)
+    bookkeeping = ORIGINALS.setdefault("GPUModelRunner._bookkeeping_sync", GPUModelRunner._bookkeeping_sync)
+
+    def _sample(self, *args, **kwargs):
+        saved = _discarded_cpu_generators(self)
+        out = sample(self, *args, **kwargs)
+        for gen, state in saved.values():
+            gen.set_state(state)
+        self._specrl_restored = saved
+        return out
+
+    def _bookkeeping_sync(self, *args, **kwargs):
+        generators = self.input_batch.generators
+        held = {i: generators.pop(i) for i in getattr(self, "_specrl_restored", {}) if i in generators}
+        try:
+            return bookkeeping(self, *args, **kwargs)
+        finally:
+            generators.update(held)
+            self._specrl_restored = {}
+
+    GPUModelRunner._sample = _sample
+    GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
+    return True
+
+
+_FIXES = (fix_cpu_expand_batch_to_tokens, fix_cpu_seeded_partial_prefill)
 
 
 def enabled() -> bool:

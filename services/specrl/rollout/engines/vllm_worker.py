@@ -27,6 +27,20 @@ class SpecrlWorkerExtension:
 
         return vllm_patches.applied()
 
+    def specrl_pause_drafter(self, paused: bool) -> bool:
+        """Pause (or resume) the drafter's k=0 forward pass (vllm_control.py); returns
+        whether this worker's drafter is now paused (False when it has no model drafter,
+        e.g. n-gram, whose k=0 step costs nothing)."""
+        from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+        from specrl.rollout.engines.vllm_control import PAUSED
+
+        drafter = getattr(self.model_runner, "drafter", None)  # type: ignore[attr-defined]
+        if not isinstance(drafter, SpecDecodeBaseProposer):
+            return False
+        setattr(drafter, PAUSED, paused)
+        return paused
+
     # -- weight sync ----------------------------------------------------------------
 
     def _specrl_groups(self) -> dict[str, Any]:
