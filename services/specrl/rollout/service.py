@@ -113,11 +113,12 @@ class RolloutService:
         except ValidationError as e:
             raise ValueError("; ".join(err["msg"] for err in e.errors())) from None
         assert checked is not None
-        self._drafter(await self.engine.set_k_schedule(list(checked)))
+        self._record_drafter(await self.engine.set_k_schedule(list(checked)))
         self.k_schedule = checked
         log.info("k schedule set to %s", list(checked))
 
-    def _drafter(self, paused: bool) -> None:
+    def _record_drafter(self, paused: bool) -> None:
+        """Whether the engine paused its drafter after a schedule change (status, metric)."""
         if paused != self.drafter_paused:
             log.info("drafter %s", "paused (k=0 at every batch size)" if paused else "resumed")
         self.drafter_paused = paused
@@ -137,7 +138,7 @@ class RolloutService:
         assert self.adaptive is not None
         while (schedule := self.adaptive.schedule()) != self.k_schedule:
             try:
-                self._drafter(await self.engine.set_k_schedule(list(schedule)))
+                self._record_drafter(await self.engine.set_k_schedule(list(schedule)))
             except Exception:  # the engine is going away; the next change tries again
                 log.exception("could not apply the adaptive k schedule %s", list(schedule))
                 return

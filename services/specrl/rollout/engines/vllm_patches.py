@@ -64,7 +64,9 @@ def _discarded_cpu_generators(runner) -> dict[int, tuple[torch.Generator, torch.
     import numpy as np
 
     generators = runner.input_batch.generators
-    out = {}
+    out: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
+    if not generators:  # unseeded traffic: nothing to save, every step
+        return out
     for i in np.nonzero(runner.discard_request_mask.np[: runner.input_batch.num_reqs])[0]:
         gen = generators.get(int(i))
         if gen is not None and gen.device.type == "cpu":
