@@ -457,7 +457,7 @@ class SamplingConfig(StrictModel):
     """How each prompt is sampled: `n` samples form its GRPO group."""
 
     n: int = Field(8, ge=2)
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, le=2)  # vLLM's bound
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
     max_tokens: int = Field(48, ge=1)

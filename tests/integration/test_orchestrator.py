@@ -18,13 +18,17 @@ import grpc
 import pytest
 from rich.console import Console
 
-from specrl.config import RunConfig
+from specrl.config import RunConfig, SamplingConfig
+from specrl.orchestrator.generation import Generators
 from specrl.orchestrator.loop import ADDITIVE
+from specrl.orchestrator.rewards import math_reward
 from specrl.orchestrator.run import run
 from specrl.orchestrator.system import System
+from specrl.queue.streams import PromptGroup, RunStreams
+from specrl.rollout.client import RolloutClient
 from specrl.trainer.client import TrainerClient
 
-from conftest import tiny_run_config
+from conftest import tiny_run_config, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(1200)]
 
@@ -116,3 +120,27 @@ def test_a_lag_bound_of_two_is_held_too(services, tmp_path):
         for lag, n in r["lag_counts"].items():
             counts[lag] = counts.get(lag, 0) + n
     assert set(counts) <= {"0", "1", "2"} and sum(counts.get(k, 0) for k in ("1", "2")) > 0, counts
+
+
+def test_stopping_cancels_the_generations_in_flight_and_gives_their_prompts_back(services):
+    """A run that stops (a service died, or its steps are done) does not wait for the
+    Generate calls in flight: they are cancelled, the replica aborts them, and their
+    prompts go back to the queue for the next run (waiting, a stopping run was held up
+    by minutes of generation nobody would train on)."""
+    replica = services.replicas[0]
+    streams = RunStreams.connect(services.redis_url, "stop-cancels")
+    with RolloutClient(replica) as c:
+        room = c.status().max_model_len
+        # the hottest sampling vLLM takes: EOS is rarer, some of the 64 samples run long
+        long = SamplingConfig(n=64, temperature=2.0, max_tokens=room - 16)
+        group = PromptGroup("0-0", 0, [1, 2, 3], "", "2", 0)  # any token ids
+        streams.publish([group])
+        gens = Generators(
+            streams, [replica], concurrency=1, sampling=long, reward_fn=math_reward, seed=0, timeout_s=600
+        ).start()
+        wait_for(lambda: c.status().requests_in_flight > 0, 60, "the Generate call")
+        gens.stop()
+        wait_for(lambda: c.status().requests_in_flight == 0, 10, "the replica aborting the call")
+    back = streams.next_prompt("check", block_ms=0)
+    assert back is not None and back.group == group, "the prompt did not go back to the queue"
+    assert streams.r.xlen(streams.rollouts) == 0, "the cancelled generation was handed on"

@@ -86,6 +86,10 @@ def test_seeded_requests_are_reproducible(eagle):
             dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(temperature=-1)),
             "sampling.temperature",
         ),
+        (
+            dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(temperature=2.5)),
+            "sampling.temperature",
+        ),
         (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(top_k=0)), "sampling.top_k"),
         (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(n=0)), "sampling.n"),
         (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(n=100000)), "sampling.n"),

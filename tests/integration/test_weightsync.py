@@ -30,6 +30,7 @@ from specrl.zoo import task
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 
 TIMEOUT_S = 8.0  # collective timeout of the test senders
+SENDER = {"timeout_s": TIMEOUT_S, "rpc_timeout_s": 30.0, "bucket_mb": 1.0}
 PROMPTS = [p.prompt for p in task.take(6, seed=3, split="test", max_operand=20, max_terms=3)]
 
 
@@ -119,9 +120,8 @@ def system(servers):
     servers.close()  # free the shared pool's CPU for these two engines
     procs = [ServiceProcess(_config(0)), ServiceProcess(_config(1, await_kinds=["policy"]))]
     start_all(procs)
-    sender_cfg = {"timeout_s": TIMEOUT_S, "rpc_timeout_s": 30.0, "bucket_mb": 1.0}
-    policy = WeightSender(WeightSenderConfig(kind="policy", **sender_cfg))
-    draft = WeightSender(WeightSenderConfig(kind="draft", **sender_cfg), eagle3_draft=True)
+    policy = WeightSender(WeightSenderConfig(kind="policy", **SENDER))
+    draft = WeightSender(WeightSenderConfig(kind="draft", **SENDER), eagle3_draft=True)
     clients = [RolloutClient(p.address, timeout=300) for p in procs]
     state = {
         "procs": procs,
@@ -342,6 +342,47 @@ def test_a_receiver_killed_mid_broadcast_is_dropped_and_the_rest_get_the_update(
     assert st.policy_version == system["version"] and st.ready
     assert max_logprob_gap(r1, ref, tok)[0] < 2e-3
     assert p2.address not in policy.members
+
+
+def test_an_update_whose_sender_died_before_commit_is_abandoned_when_a_new_sender_joins(system):
+    """A sender killed between the broadcast and Commit (a trainer pod dying) leaves the
+    replica holding a complete, uncommitted update. The next sender (the trainer started
+    again) forms a new group: the replica abandons the orphan at once rather than
+    waiting weight_sync.receive_timeout_s (5 min by default) for a Commit that never comes."""
+    (p1, _), (r1, _) = system["procs"], system["clients"]
+    ref, tok = system["ref"], system["tok"]
+    served = r1.status().weight_sync.policy_version
+    dying = WeightSender(WeightSenderConfig(kind="policy", **SENDER))
+    dying.add_replica(p1.address)
+    calls = dying._call_all
+
+    class Died(Exception):
+        pass
+
+    def begin_only(members, version, call):  # Begin goes out, the process dies before Commit
+        if begin_only.done:
+            raise Died
+        begin_only.done = True
+        return calls(members, version, call)
+
+    begin_only.done = False
+    dying._call_all = begin_only  # type: ignore[method-assign]
+    ref.perturb(17)
+    with pytest.raises(Died):
+        dying.push(system["version"] + 1, ref.model.named_parameters)
+    dying.close()
+    ws = r1.status().weight_sync
+    assert (ws.state, ws.pending_kind, ws.policy_version) == ("received", "policy", served)
+
+    system["version"] += 1  # the orphan's version, never served
+    t0 = time.monotonic()
+    v = _push_policy(system, seed=18)
+    took = time.monotonic() - t0
+    assert took < TIMEOUT_S, f"push took {took:.0f}s: it waited for the orphaned update"
+    ws = r1.status().weight_sync
+    assert (ws.state, ws.policy_version, ws.ready) == ("idle", v, True)
+    assert max_logprob_gap(r1, ref, tok)[0] < 2e-3
+    assert p1.log_tail(200).count("its sender was replaced") == 1
 
 
 def test_sender_refuses_versions_going_backwards(system):

@@ -12,7 +12,10 @@ Failures never lose a prompt and never spin on it forever:
   - a request the replica refuses for good (INVALID_ARGUMENT: e.g. a prompt longer than
     its context) ends the group as failed, with the reason; the orchestrator replaces it;
   - a reward function that raises scores the sample 0 and is counted and logged;
-  - a generator that dies leaves its prompt pending, reclaimed after `reclaim_idle_s`.
+  - a generator that dies leaves its prompt pending, reclaimed after `reclaim_idle_s`;
+  - when the run stops, calls in flight are cancelled (the replica aborts them) and
+    their prompts given back: a run stopping because a service died does not wait for
+    generations nobody will train on.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class Generators:
         self._stop = threading.Event()
         self._leave: dict[str, threading.Event] = {}  # per replica: set when it is removed
         self._threads: list[threading.Thread] = []
+        self._clients: set[RolloutClient] = set()  # open, one per thread: closed by stop
         self._lock = threading.Lock()
         self._in_flight = 0
         self._idle_since: float | None = time.perf_counter()
@@ -129,11 +133,15 @@ class Generators:
             t.start()
             self._threads.append(t)
 
-    def stop(self) -> None:
-        """Stop taking prompts and wait for the calls in flight (bounded by the Generate
-        timeout); a prompt taken and not finished stays pending for the next run."""
+    def stop(self, join_s: float = 30.0) -> None:
+        """Stop taking prompts and cancel the calls in flight (closing a channel ends its
+        calls at once); their prompts go back to the queue, or stay pending for the
+        next run if Redis is down too."""
         self._stop.set()
-        deadline = time.monotonic() + self.timeout_s
+        with self._lock:
+            for client in self._clients:
+                client.close()
+        deadline = time.monotonic() + join_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
 
@@ -170,6 +178,10 @@ class Generators:
 
     def _work(self, replica: str, consumer: str, leave: threading.Event) -> None:
         with RolloutClient(replica, timeout=self.timeout_s) as client:
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self._clients.add(client)
             while not self._stop.is_set() and not leave.is_set():
                 if replica in self._paused:
                     self._stop.wait(0.5)
@@ -192,6 +204,8 @@ class Generators:
                     self._give_back(delivery)
                 finally:
                     self._busy(-1)
+            with self._lock:
+                self._clients.discard(client)
 
     def _give_back(self, delivery: Delivery) -> None:
         """Re-queue a prompt (if Redis is down too, it stays pending and is reclaimed
@@ -222,6 +236,9 @@ class Generators:
                 seed=request_seed(self.seed, group.group_id),
             )
         except grpc.RpcError as e:
+            if self._stop.is_set():  # cancelled by stop: nothing went wrong
+                self._give_back(delivery)
+                return
             reason = f"{e.code().name}: {e.details()}"
             self.errors[replica] = reason
             if e.code() in _FINAL:

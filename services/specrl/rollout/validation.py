@@ -6,7 +6,6 @@ engine unvalidated, so bad input can never take the server down.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +21,9 @@ class RequestError(ValueError):
         self.field = field
 
 
+MAX_TEMPERATURE = 2.0  # vLLM refuses hotter sampling
+
+
 @dataclass(frozen=True)
 class Limits:
     vocab_size: int
@@ -31,8 +33,8 @@ class Limits:
 
 def parse_sampling(s: pb.SamplingParams) -> Sampling:
     temperature = s.temperature if s.HasField("temperature") else 1.0
-    if not math.isfinite(temperature) or temperature < 0:
-        raise RequestError("sampling.temperature", f"must be >= 0, got {temperature}")
+    if not (0.0 <= temperature <= MAX_TEMPERATURE):
+        raise RequestError("sampling.temperature", f"must be in [0, {MAX_TEMPERATURE:g}], got {temperature}")
     top_p = s.top_p if s.HasField("top_p") else 1.0
     if not (0.0 < top_p <= 1.0):
         raise RequestError("sampling.top_p", f"must be in (0, 1], got {top_p}")

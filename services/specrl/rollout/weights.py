@@ -106,6 +106,12 @@ class WeightUpdater:
         return "ok"
 
     @property
+    def state(self) -> str:
+        if self.pending is None:
+            return "idle"
+        return "received" if self.pending.task.done() else "receiving"
+
+    @property
     def draft_lag(self) -> int:
         return self.versions["policy"] - self.draft_policy_version if self.has_draft_model else 0
 
@@ -144,7 +150,16 @@ class WeightUpdater:
     # -- protocol -----------------------------------------------------------------
 
     async def join(self, info: JoinInfo) -> list[int]:
+        """Join the sender's new group. An update of the same kind that was received in
+        full under an older epoch is abandoned first: a sender forms a new group only
+        between its updates, so that update's sender is gone (killed between broadcast
+        and Commit) and its Commit will never come."""
         self._check_kind(info.kind)
+        p = self.pending
+        if p is not None and p.kind == info.kind and p.epoch != info.epoch and p.task.done():
+            await self.abort(
+                p.kind, p.version, f"its sender was replaced ({info.kind} group epoch {info.epoch})"
+            )
         self._check_idle()
         if info.backend not in ("gloo", "nccl"):
             raise WeightUpdateError("invalid", f"backend must be gloo or nccl, got {info.backend!r}")

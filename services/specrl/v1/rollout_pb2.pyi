@@ -274,7 +274,7 @@ class AbortWeightUpdateRequest(_message.Message):
     def __init__(self, kind: _Optional[_Union[WeightKind, str]] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WeightSyncState(_message.Message):
-    __slots__ = ("policy_version", "draft_version", "draft_policy_version", "ready", "detail", "state", "policy_epoch", "draft_epoch", "last_seconds", "last_bytes")
+    __slots__ = ("policy_version", "draft_version", "draft_policy_version", "ready", "detail", "state", "policy_epoch", "draft_epoch", "last_seconds", "last_bytes", "pending_kind")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +285,7 @@ class WeightSyncState(_message.Message):
     DRAFT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LAST_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LAST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_KIND_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     draft_version: int
     draft_policy_version: int
@@ -295,4 +296,5 @@ class WeightSyncState(_message.Message):
     draft_epoch: int
     last_seconds: float
     last_bytes: int
-    def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., draft_policy_version: _Optional[int] = ..., ready: _Optional[bool] = ..., detail: _Optional[str] = ..., state: _Optional[str] = ..., policy_epoch: _Optional[int] = ..., draft_epoch: _Optional[int] = ..., last_seconds: _Optional[float] = ..., last_bytes: _Optional[int] = ...) -> None: ...
+    pending_kind: str
+    def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., draft_policy_version: _Optional[int] = ..., ready: _Optional[bool] = ..., detail: _Optional[str] = ..., state: _Optional[str] = ..., policy_epoch: _Optional[int] = ..., draft_epoch: _Optional[int] = ..., last_seconds: _Optional[float] = ..., last_bytes: _Optional[int] = ..., pending_kind: _Optional[str] = ...) -> None: ...

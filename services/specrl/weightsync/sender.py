@@ -475,7 +475,9 @@ class WeightSender:
 
     def _wait_idle(self, members: list[_Member]) -> None:
         """Wait (bounded) until no member is still inside an aborted update: its engine
-        leaves the old group only when that group's collective timeout expires."""
+        leaves the old group only when that group's collective timeout expires. An update
+        of this kind received in full is not waited for: joining abandons it (its sender
+        is gone: this sender commits its own before forming a group)."""
         deadline = time.monotonic() + 2 * self.cfg.timeout_s + self.cfg.rpc_timeout_s
         for m in members:
             while time.monotonic() < deadline:
@@ -483,7 +485,7 @@ class WeightSender:
                     ws = m.stub.GetStatus(pb.GetStatusRequest(), timeout=self.cfg.rpc_timeout_s).weight_sync
                 except grpc.RpcError:
                     break  # formation will report it
-                if ws.state == "idle":
+                if ws.state == "idle" or (ws.state == "received" and ws.pending_kind == self.kind):
                     break
                 time.sleep(0.2)
 

@@ -8,18 +8,22 @@ from `num_speculative_tokens_per_batch_size` at startup). It runs between engine
 on the engine-core thread, so a step never sees half a schedule. This is the lever of
 the adaptive speculation controller (docs/design.md).
 
-The drafter pause (`paused_drafter_skips_k0`, in the worker process, switched by the
-worker extension's `specrl_pause_drafter`): at k=0 vLLM still runs the draft model's
-first pass every step, only to keep the draft's KV cache current for when drafting
-resumes; measured on the zoo it is most of what a speculative engine at k=0 costs over a
-plain AR one. While no batch size drafts at all, that pass is skipped; the draft KV of
-the paused steps is then missing, so resuming recomputes what is in flight
+The drafter pause (`paused_steps_run_plain`, in the worker process, switched by the
+worker extension's `specrl_pause_drafter`): at k=0 vLLM still runs, every step, the draft
+model's first pass (only to keep the draft's KV cache current for when drafting resumes),
+the drafter's input preparation and the rejection sampler with zero drafts; measured on
+the zoo that is what a speculative engine at k=0 costs over a plain AR one. While no
+batch size drafts at all, a step that carries no drafts runs as vLLM's plain AR step
+(the model runner sees no speculative config for it: plain sampler, no drafter). The
+draft KV of the paused steps is then missing, so resuming recomputes what is in flight
 (VllmEngine.set_k_schedule).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger("specrl.vllm_control")
 
@@ -45,28 +49,46 @@ def set_k_schedule(engine_core, schedule: list[list[int]]) -> None:
 PAUSED = "specrl_paused"  # drafter attribute set by the worker extension
 
 
-def paused_drafter_skips_k0(propose):
-    """Wrap SpecDecodeBaseProposer.propose: with the drafter paused and no draft asked
-    for, return the empty draft vLLM's own k=0 path returns, without the forward pass."""
+@contextmanager
+def _speculation_hidden(runner, hide: bool) -> Iterator[None]:
+    if not hide:
+        yield
+        return
+    spec, runner.speculative_config = runner.speculative_config, None
+    try:
+        yield
+    finally:
+        runner.speculative_config = spec
 
-    def propose_unless_paused(self, num_speculative_tokens, *args, **kwargs):
-        if num_speculative_tokens == 0 and getattr(self, PAUSED, False):
-            import torch
 
-            batch = kwargs["common_attn_metadata"].batch_size()
-            return torch.empty(batch, 0, dtype=torch.int64, device=self.device)
-        return propose(self, num_speculative_tokens, *args, **kwargs)
+def paused_steps_run_plain(runner_cls) -> None:
+    """Wrap the model runner's execute_model and sample_tokens (one engine step is one
+    call of each, in that order): with the drafter paused and no draft scheduled, the
+    runner's speculative config is hidden for both, so the step takes vLLM's own AR path."""
+    execute_model, sample_tokens = runner_cls.execute_model, runner_cls.sample_tokens
 
-    propose_unless_paused.specrl_wraps = propose  # type: ignore[attr-defined]
-    return propose_unless_paused
+    def execute_unless_paused(self, scheduler_output, *args, **kwargs):
+        paused = getattr(getattr(self, "drafter", None), PAUSED, False)
+        self.specrl_plain_step = paused and not scheduler_output.scheduled_spec_decode_tokens
+        with _speculation_hidden(self, self.specrl_plain_step):
+            return execute_model(self, scheduler_output, *args, **kwargs)
+
+    def sample_unless_paused(self, *args, **kwargs):
+        plain, self.specrl_plain_step = getattr(self, "specrl_plain_step", False), False
+        with _speculation_hidden(self, plain):
+            return sample_tokens(self, *args, **kwargs)
+
+    execute_unless_paused.specrl_wraps = execute_model  # type: ignore[attr-defined]
+    runner_cls.execute_model = execute_unless_paused
+    runner_cls.sample_tokens = sample_unless_paused
 
 
 def register() -> None:
     """vLLM general-plugin entry point (every vLLM process; idempotent)."""
     from vllm.v1.engine.core import EngineCore
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if not hasattr(EngineCore, METHOD):
         setattr(EngineCore, METHOD, set_k_schedule)
-    if not hasattr(SpecDecodeBaseProposer.propose, "specrl_wraps"):
-        SpecDecodeBaseProposer.propose = paused_drafter_skips_k0(SpecDecodeBaseProposer.propose)
+    if not hasattr(GPUModelRunner.execute_model, "specrl_wraps"):
+        paused_steps_run_plain(GPUModelRunner)
