@@ -29,11 +29,12 @@ LOGPROB_ATOL = 1e-3  # float32 engine vs float32 HF: different kernels, same mat
 # test_rollout_server.py::test_k_schedule_..., and plain AR sampling needs no cell of its
 # own: a speculative cell passes only if the engine's sampling as a whole (temperature,
 # top-p, processed logprobs) follows the exact target distribution. Each cell costs ~2 min
-# of the suite's 30-minute budget (a server start and 3 x N samples).
+# of the suite's 30-minute budget (a server start and 3 x N samples). EAGLE-3 last: the
+# logprob test below reuses its server.
 METHODS = [
-    ("eagle3", 3, "zoo:eagle3-domain"),
     ("draft_model", 3, "zoo:draft"),
     ("ngram", 3, None),
+    ("eagle3", 3, "zoo:eagle3-domain"),
 ]
 
 
@@ -128,25 +129,27 @@ def test_the_test_rejects_a_deliberately_biased_sampler(exact):
     assert rejected >= 19
 
 
-# One method suffices to show the test catches the bug (each engine costs ~100 s).
+# One method and one setting suffice to show the test catches the bug: unfixed, the
+# samples are off by TV 0.91, 0.95 and 0.88 under the three SETTINGS (measured at N=6000,
+# 2026-11-24), which N_UNFIXED samples reject with certainty.
+N_UNFIXED = 1000
+
+
 @pytest.mark.parametrize("method, k, draft", [("eagle3", 3, "zoo:eagle3-domain")])
 def test_without_specrls_vllm_fix_sampling_is_not_lossless(servers, hf, exact, method, k, draft):
-    """vLLM issue #55005 on CPU: with the fix disabled the very same test fails, and the
+    """vLLM issue #55005 on CPU: with the fix disabled the same test fails, and the
     server's own startup self-test refuses to serve (checked in the next test)."""
     if torch.cuda.is_available():
         pytest.skip("CPU-only engine bug")
     cfg = server_config(method, k, draft, self_test={"enabled": False})
     proc = servers.get(cfg, env={"SPECRL_VLLM_PATCHES": "0"})
     with RolloutClient(proc.address) as c:
-        p_values = []
-        for i, setting in enumerate(SETTINGS):
-            samples, _ = sample(c, hf[2], setting)
-            check = check_samples(
-                [list(s.token_ids) for s in samples], exact[i], length=LENGTH, setting=setting, alpha=ALPHA
-            )
-            print("UNFIXED", method, k, check.row())
-            p_values.append(check.fit.p_value)
-    assert min(p_values) < ALPHA, p_values
+        samples, _ = sample(c, hf[2], SETTINGS[0], n=N_UNFIXED)
+    check = check_samples(
+        [list(s.token_ids) for s in samples], exact[0], length=LENGTH, setting=SETTINGS[0], alpha=ALPHA
+    )
+    print("UNFIXED", method, k, check.row())
+    assert check.fit.p_value < ALPHA and check.fit.total_variation > 0.5, check.row()
 
 
 def test_self_test_refuses_speculative_serving_without_the_fix(servers):

@@ -26,6 +26,7 @@ import threading
 import time
 
 import grpc
+import redis
 
 from specrl.config import SamplingConfig
 from specrl.metrics import OrchestratorMetrics
@@ -198,14 +199,25 @@ class Generators:
                 self._busy(+1)
                 try:
                     self._generate(client, replica, delivery)
-                except Exception as e:  # Redis failing while handing the group on
-                    log.exception("%s: group %s failed", consumer, delivery.group.group_id)
-                    self.errors[replica] = f"{type(e).__name__}: {e}"
-                    self._give_back(delivery)
+                except Exception as e:
+                    self._failed(consumer, replica, delivery, e)
                 finally:
                     self._busy(-1)
             with self._lock:
                 self._clients.discard(client)
+
+    def _failed(self, consumer: str, replica: str, delivery: Delivery, e: Exception) -> None:
+        """A group that failed outside the Generate call's own errors, given back: Redis
+        failing while it was handed on (one line: the run reports Redis itself), a bug
+        (with its traceback), or stop closing the channel as the call began (silent)."""
+        if not self._stop.is_set():
+            self.errors[replica] = f"{type(e).__name__}: {e}"
+            group_id = delivery.group.group_id
+            if isinstance(e, redis.exceptions.ConnectionError):
+                log.warning("%s: group %s: Redis unavailable (%s)", consumer, group_id, e)
+            else:
+                log.exception("%s: group %s failed", consumer, group_id)
+        self._give_back(delivery)
 
     def _give_back(self, delivery: Delivery) -> None:
         """Re-queue a prompt (if Redis is down too, it stays pending and is reclaimed

