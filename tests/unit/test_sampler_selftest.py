@@ -44,6 +44,7 @@ def test_self_test_passes_with_the_fix(sampler, monkeypatch):
 
 
 def test_plugin_respects_the_disable_switch(monkeypatch):
+    from vllm.v1.engine import utils as engine_utils
     from vllm.v1.sample import rejection_sampler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -51,11 +52,38 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", original)
     for name in ("_sample", "_bookkeeping_sync"):  # restored after the test
         monkeypatch.setattr(GPUModelRunner, name, getattr(GPUModelRunner, name))
+    monkeypatch.setattr(engine_utils, "get_mp_context", engine_utils.get_mp_context)
     monkeypatch.setattr(vllm_patches, "_APPLIED", [])
+    monkeypatch.delenv(vllm_patches.START_METHOD_ENV, raising=False)
     monkeypatch.setenv(vllm_patches.DISABLE_ENV, "0")
     vllm_patches.register()
     assert rejection_sampler.expand_batch_to_tokens is original
     monkeypatch.setenv(vllm_patches.DISABLE_ENV, "1")
     vllm_patches.register()
     assert rejection_sampler.expand_batch_to_tokens is vllm_patches._expand_batch_to_tokens
-    assert vllm_patches.applied() == ["fix_cpu_expand_batch_to_tokens", "fix_cpu_seeded_partial_prefill"]
+    assert vllm_patches.applied() == [
+        "fix_cpu_expand_batch_to_tokens",
+        "fix_cpu_seeded_partial_prefill",
+        "fork_cpu_engine_core",
+    ]
+
+
+def test_the_engine_core_is_forked_unless_the_user_chose_a_start_method(monkeypatch):
+    """vLLM's CPU platform forces `spawn` for every process; the fix forks the engine
+    core (it only schedules) and leaves the worker to vLLM's choice, unless
+    VLLM_WORKER_MULTIPROC_METHOD was set by the user."""
+    from vllm.utils.system_utils import get_mp_context
+    from vllm.v1.engine import utils as engine_utils
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU platform only")
+    original = vllm_patches.ORIGINALS.get("engine_utils.get_mp_context", engine_utils.get_mp_context)
+    for user_choice, expected in ((None, "fork"), ("spawn", "spawn")):
+        monkeypatch.setattr(engine_utils, "get_mp_context", original)
+        monkeypatch.delenv(vllm_patches.START_METHOD_ENV, raising=False)
+        if user_choice:
+            monkeypatch.setenv(vllm_patches.START_METHOD_ENV, user_choice)
+        assert vllm_patches.fork_cpu_engine_core() is (user_choice is None)
+        monkeypatch.setenv(vllm_patches.START_METHOD_ENV, "spawn")  # what the CPU platform sets
+        assert engine_utils.get_mp_context().get_start_method() == expected
+        assert get_mp_context().get_start_method() == "spawn"  # the worker's: vLLM's choice

@@ -145,19 +145,22 @@ class RolloutMetrics:
         self.adaptive_rate = Gauge(
             "specrl_rollout_adaptive_tokens_per_second",
             "Engine output rate the adaptive controller estimates at draft length k for a "
-            "range of batch sizes (measured step cost, measured acceptance)",
+            "range of batch sizes (measured step cost, measured acceptance); k=off: with "
+            "speculation off everywhere (the drafter paused)",
             ["batch_sizes", "k"],
             registry=r,
         )
 
     def observe_adaptive(self, controller: AdaptiveK) -> None:
         for r in controller.ranges:
-            self.adaptive_k.labels(batch_sizes=r.label).set(r.k)
+            self.adaptive_k.labels(batch_sizes=r.label).set(controller.k_for(r.first))
             costs = controller.costs(r)
             for k, rate in controller.rates(r, costs).items():
                 if k not in costs:
                     continue
                 self.adaptive_rate.labels(batch_sizes=r.label, k=str(k)).set(rate)
+            if (off := controller.off_rate(r)) is not None:
+                self.adaptive_rate.labels(batch_sizes=r.label, k="off").set(off)
 
 
 class WeightSenderMetrics:

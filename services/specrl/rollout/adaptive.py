@@ -17,6 +17,18 @@ speculative k is kept only when it beats the measured AR rate by `ar_margin`: a 
 to AR, so speculation is not kept where it is not clearly faster (and going back from AR
 to speculation takes `min_gain` more, so a draft at the margin does not flap). Every `refresh_steps`
 steps of a range its measurements are renewed (draft and load change during RL).
+
+k=0 in one range while others draft is vLLM's k=0: the drafter still runs every step
+(+24% over an AR engine at batch 1 on the zoo). Only k=0 at every batch size pauses the
+drafter and makes the engine an AR one (engines/vllm_control.py). So per range the
+choice is among the ks the mixed schedule can have, and above that sits one global
+decision, speculation or off: every `refresh_steps` steps (the first time sooner) the
+controller pauses speculation everywhere for a short probe, measures the paused engine
+per range, and compares the whole traffic's time under the speculative schedule with its
+time paused (ranges weighted by the tokens they carry). Speculation is kept only when it
+beats off by `ar_margin`; otherwise the engine stays paused for `refresh_steps` steps
+before speculation is measured afresh. Each decision holds for a whole period, so the
+drafter resumes (and recomputes what is in flight) at most twice per period.
 """
 
 from __future__ import annotations
@@ -29,6 +41,8 @@ from dataclasses import dataclass, field
 
 from specrl.config import AdaptiveSpeculationConfig
 from specrl.rollout.engines.base import EngineStep
+
+SPECULATING, PROBING, OFF = "speculating", "probing", "off"  # AdaptiveK.mode
 
 
 def batch_ranges(max_batch: int) -> list[tuple[int, int]]:
@@ -53,6 +67,8 @@ class _Range:
     batches: deque[int] = field(default_factory=lambda: deque(maxlen=64))
     steps: int = 0
     deep_drafts: int = 0  # requests in steps at the largest k since the last refresh
+    paused: deque[float] = field(default_factory=deque)  # step seconds with speculation off
+    paused_steps: int = 0  # paused steps seen in the current probe
 
     @property
     def label(self) -> str:
@@ -78,16 +94,31 @@ class AdaptiveK:
         self.cfg = cfg
         self.max_k = max_k
         self.steps = 0
-        self.ranges = [_Range(a, b, _k_at(start, a, max_k)) for a, b in batch_ranges(max_batch)]
+        self.max_batch = max_batch
+        self.ranges = [
+            _Range(a, b, _k_at(start, a, max_k), paused=deque(maxlen=cfg.window))
+            for a, b in batch_ranges(max_batch)
+        ]
         self._firsts = [r.first for r in self.ranges]
         # per draft position, the most recent steps' (requests, accepted) counts and their sums
         self._recent: list[deque[tuple[int, int]]] = [deque() for _ in range(max_k)]
         self._requests = [0] * max_k
         self._accepted = [0] * max_k
         self._settle = 0  # steps to ignore after a schedule change (drafts of the old k in flight)
+        self.mode = SPECULATING
+        self._mode_steps = 0  # steps observed in this mode
+        self._period = cfg.refresh_steps // 4  # speculating steps before the next probe
+        self.probe_steps = 3 * cfg.min_samples
+
+    def k_for(self, batch: int) -> int:
+        """The draft length in force at `batch`."""
+        return self.range_of(batch).k if self.mode == SPECULATING else 0
 
     def schedule(self) -> tuple[tuple[int, int, int], ...]:
-        """The schedule in force: (first, last, k) ranges, neighbours with equal k merged."""
+        """The schedule in force: (first, last, k) ranges, neighbours with equal k merged;
+        k=0 everywhere (the drafter paused) while probing or off."""
+        if self.mode != SPECULATING:
+            return ((1, self.max_batch, 0),)
         out: list[list[int]] = []
         for r in self.ranges:
             if out and out[-1][2] == r.k:
@@ -113,7 +144,69 @@ class AdaptiveK:
         if self._settle > 0:
             self._settle -= 1
             return False
+        self._mode_steps += 1
         r = self.range_of(step.batch)
+        if self.mode != SPECULATING:
+            return self._observe_paused(step, r)
+        changed = self._observe_speculating(step, r)
+        if all(x.k == 0 for x in self.ranges):
+            self._enter(OFF)  # the engine pauses the drafter: measure it as paused
+        elif self._mode_steps >= self._period:
+            self._enter(PROBING)
+        else:
+            return changed
+        return True
+
+    def _enter(self, mode: str) -> None:
+        self.mode, self._mode_steps, self._settle = mode, 0, 2
+        for r in self.ranges:
+            r.paused_steps = 0
+
+    def _observe_paused(self, step: EngineStep, r: _Range) -> bool:
+        if any(step.drafted):
+            return False  # verifies drafts proposed before the pause
+        r.paused.append(step.seconds)
+        r.batches.append(step.batch)
+        r.paused_steps += 1
+        if self.mode == PROBING and self._mode_steps >= self.probe_steps:
+            return self._decide()
+        if self.mode == OFF and self._mode_steps >= self.cfg.refresh_steps:
+            for x in self.ranges:  # speculation is measured afresh: draft and load moved
+                x.k, x.seconds, x.steps, x.deep_drafts = self.max_k, {}, 0, 0
+            self._recent = [deque() for _ in range(self.max_k)]
+            self._requests, self._accepted = [0] * self.max_k, [0] * self.max_k
+            self._enter(SPECULATING)
+            self._period = self.cfg.refresh_steps // 4
+            return True
+        return False
+
+    def _decide(self) -> bool:
+        """End of a probe: the traffic's time under the speculative schedule against its
+        time paused, over the ranges the probe saw enough of; speculation stays only when
+        it is `ar_margin` faster. True when the schedule changes (back to speculation)."""
+        spec_s = off_s = 0.0
+        for r in self.ranges:
+            off = self.off_rate(r)
+            spec = self.rates(r, self.costs(r)).get(r.k)
+            if r.paused_steps < self.cfg.min_samples // 2 or off is None or spec is None:
+                continue
+            tokens = r.paused_steps * statistics.fmean(r.batches)
+            spec_s += tokens / spec
+            off_s += tokens / off
+        if off_s >= spec_s * self.cfg.ar_margin:
+            self._enter(SPECULATING)
+            self._period = self.cfg.refresh_steps
+            return True
+        self._enter(OFF)
+        return False
+
+    def off_rate(self, r: _Range) -> float | None:
+        """Tokens/s of range `r` with speculation off everywhere (the drafter paused)."""
+        if len(r.paused) < 2:
+            return None
+        return statistics.fmean(r.batches) / statistics.median(r.paused)
+
+    def _observe_speculating(self, step: EngineStep, r: _Range) -> bool:
         if len(step.drafted) > r.k and any(step.drafted[r.k :]):
             return False  # verifies drafts of a larger k scheduled before a change
         self._learn_acceptance(step, r.k)
