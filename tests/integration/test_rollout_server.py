@@ -268,7 +268,9 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
 
 def _adaptive_server(servers, draft: str):
     cfg = server_config("eagle3", 3, draft, metrics_port=0)
-    spec = cfg.speculation.model_dump() | {"adaptive": {"enabled": True}}
+    # no global speculate-or-off probe within the test (the first comes after
+    # refresh_steps / 4 steps): a status read during one would show k=0 everywhere
+    spec = cfg.speculation.model_dump() | {"adaptive": {"enabled": True, "refresh_steps": 4000}}
     return servers.get(cfg.model_copy(update={"speculation": type(cfg.speculation).model_validate(spec)}))
 
 

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from specrl.config import AdaptiveSpeculationConfig, RolloutServerConfig
-from specrl.rollout.adaptive import AdaptiveK, batch_ranges
+from specrl.rollout.adaptive import OFF, AdaptiveK, batch_ranges
 from specrl.rollout.engines.base import EngineStep
 
 CFG = AdaptiveSpeculationConfig(enabled=True)
@@ -198,6 +198,7 @@ def test_follows_a_draft_that_stops_matching_the_policy():
 def test_starts_from_the_configured_schedule_and_ignores_steps_of_an_older_k():
     ctl = AdaptiveK(CFG, 5, 16, start=[(1, 4, 2), (5, 16, 0)])
     assert ctl.schedule() == ((1, 4, 2), (5, 16, 0))
+    assert AdaptiveK(CFG, 5, 16, start=[(1, 16, 0)]).mode == OFF  # k=0 everywhere: starts off
     # a step at batch 1 verifying 5 drafted positions belongs to a k it no longer runs
     stale = EngineStep(batch=1, seconds=0.01, drafted=(1, 1, 1, 1, 1), accepted=(1, 1, 0, 0, 0))
     for _ in range(50):

@@ -100,15 +100,20 @@ class AdaptiveK:
             for a, b in batch_ranges(max_batch)
         ]
         self._firsts = [r.first for r in self.ranges]
-        # per draft position, the most recent steps' (requests, accepted) counts and their sums
-        self._recent: list[deque[tuple[int, int]]] = [deque() for _ in range(max_k)]
-        self._requests = [0] * max_k
-        self._accepted = [0] * max_k
+        self._reset_acceptance()
         self._settle = 0  # steps to ignore after a schedule change (drafts of the old k in flight)
-        self.mode = SPECULATING
+        # a start with k=0 everywhere is off (the engine pauses the drafter)
+        self.mode = OFF if all(r.k == 0 for r in self.ranges) else SPECULATING
         self._mode_steps = 0  # steps observed in this mode
         self._period = cfg.refresh_steps // 4  # speculating steps before the next probe
         self.probe_steps = 3 * cfg.min_samples
+
+    def _reset_acceptance(self) -> None:
+        """Per draft position, the most recent steps' (requests, accepted) counts and
+        their sums, emptied."""
+        self._recent: list[deque[tuple[int, int]]] = [deque() for _ in range(self.max_k)]
+        self._requests = [0] * self.max_k
+        self._accepted = [0] * self.max_k
 
     def k_for(self, batch: int) -> int:
         """The draft length in force at `batch`."""
@@ -149,7 +154,7 @@ class AdaptiveK:
         if self.mode != SPECULATING:
             return self._observe_paused(step, r)
         changed = self._observe_speculating(step, r)
-        if all(x.k == 0 for x in self.ranges):
+        if changed and all(x.k == 0 for x in self.ranges):
             self._enter(OFF)  # the engine pauses the drafter: measure it as paused
         elif self._mode_steps >= self._period:
             self._enter(PROBING)
@@ -173,8 +178,7 @@ class AdaptiveK:
         if self.mode == OFF and self._mode_steps >= self.cfg.refresh_steps:
             for x in self.ranges:  # speculation is measured afresh: draft and load moved
                 x.k, x.seconds, x.steps, x.deep_drafts = self.max_k, {}, 0, 0
-            self._recent = [deque() for _ in range(self.max_k)]
-            self._requests, self._accepted = [0] * self.max_k, [0] * self.max_k
+            self._reset_acceptance()
             self._enter(SPECULATING)
             self._period = self.cfg.refresh_steps // 4
             return True
