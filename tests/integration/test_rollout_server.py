@@ -115,7 +115,11 @@ def test_status_health_and_metrics(eagle):
     assert st.self_test_passed and st.self_test_p_value > 1e-4 and st.draft_model.endswith("eagle3-domain")
     assert c.health() == health_pb2.HealthCheckResponse.SERVING
     if not torch.cuda.is_available():
-        assert list(st.engine_patches) == ["fix_cpu_expand_batch_to_tokens", "fix_cpu_seeded_partial_prefill"]
+        assert list(st.engine_patches) == [
+            "fix_cpu_expand_batch_to_tokens",
+            "fix_cpu_seeded_partial_prefill",
+            "fork_cpu_engine_processes",  # the worker is forked from the server
+        ]
     assert not st.speculation.k_schedule  # fixed k: it cannot change while serving
     with pytest.raises(grpc.RpcError) as fixed:
         c.set_k_schedule([(1, 128, 1)])

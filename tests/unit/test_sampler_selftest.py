@@ -1,6 +1,8 @@
 """The startup self-test, run in-process on vLLM's own RejectionSampler: it must fail on
 the unpatched CPU build (vLLM issue #55005) and pass with specrl's fix."""
 
+import os
+
 import pytest
 import torch
 
@@ -45,6 +47,7 @@ def test_self_test_passes_with_the_fix(sampler, monkeypatch):
 
 def test_plugin_respects_the_disable_switch(monkeypatch):
     from vllm.v1.engine import utils as engine_utils
+    from vllm.v1.executor import multiproc_executor
     from vllm.v1.sample import rejection_sampler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -53,6 +56,10 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     for name in ("_sample", "_bookkeeping_sync"):  # restored after the test
         monkeypatch.setattr(GPUModelRunner, name, getattr(GPUModelRunner, name))
     monkeypatch.setattr(engine_utils, "get_mp_context", engine_utils.get_mp_context)
+    monkeypatch.setattr(multiproc_executor, "get_mp_context", multiproc_executor.get_mp_context)
+    monkeypatch.setattr(
+        multiproc_executor.WorkerProc, "worker_main", multiproc_executor.WorkerProc.worker_main
+    )
     monkeypatch.setattr(vllm_patches, "_APPLIED", [])
     monkeypatch.delenv(vllm_patches.START_METHOD_ENV, raising=False)
     monkeypatch.setenv(vllm_patches.DISABLE_ENV, "0")
@@ -64,26 +71,69 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     assert vllm_patches.applied() == [
         "fix_cpu_expand_batch_to_tokens",
         "fix_cpu_seeded_partial_prefill",
-        "fork_cpu_engine_core",
+        "fork_cpu_engine_processes",
     ]
 
 
-def test_the_engine_core_is_forked_unless_the_user_chose_a_start_method(monkeypatch):
+def test_engine_processes_are_forked_unless_the_user_chose_a_start_method(monkeypatch):
     """vLLM's CPU platform forces `spawn` for every process; the fix forks the engine
-    core (it only schedules) and leaves the worker to vLLM's choice, unless
-    VLLM_WORKER_MULTIPROC_METHOD was set by the user."""
-    from vllm.utils.system_utils import get_mp_context
+    core and its workers, unless VLLM_WORKER_MULTIPROC_METHOD was set by the user."""
     from vllm.v1.engine import utils as engine_utils
+    from vllm.v1.executor import multiproc_executor
 
     if torch.cuda.is_available():
         pytest.skip("CPU platform only")
-    original = vllm_patches.ORIGINALS.get("engine_utils.get_mp_context", engine_utils.get_mp_context)
+    originals = {
+        (engine_utils, "get_mp_context"): vllm_patches.ORIGINALS.get(
+            "engine_utils.get_mp_context", engine_utils.get_mp_context
+        ),
+        (multiproc_executor, "get_mp_context"): vllm_patches.ORIGINALS.get(
+            "multiproc_executor.get_mp_context", multiproc_executor.get_mp_context
+        ),
+    }
+    monkeypatch.setattr(
+        multiproc_executor.WorkerProc, "worker_main", multiproc_executor.WorkerProc.worker_main
+    )
     for user_choice, expected in ((None, "fork"), ("spawn", "spawn")):
-        monkeypatch.setattr(engine_utils, "get_mp_context", original)
+        for (module, name), original in originals.items():
+            monkeypatch.setattr(module, name, original)
         monkeypatch.delenv(vllm_patches.START_METHOD_ENV, raising=False)
         if user_choice:
             monkeypatch.setenv(vllm_patches.START_METHOD_ENV, user_choice)
-        assert vllm_patches.fork_cpu_engine_core() is (user_choice is None)
+        assert vllm_patches.fork_cpu_engine_processes() is (user_choice is None)
         monkeypatch.setenv(vllm_patches.START_METHOD_ENV, "spawn")  # what the CPU platform sets
         assert engine_utils.get_mp_context().get_start_method() == expected
-        assert get_mp_context().get_start_method() == "spawn"  # the worker's: vLLM's choice
+        assert multiproc_executor.get_mp_context().get_start_method() == expected
+
+
+def _report_binding(queue) -> None:
+    vllm_patches.bind_forked_worker()
+    queue.put((sorted(os.sched_getaffinity(0)), torch.get_num_threads()))
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"GOMP_CPU_AFFINITY": "0"},  # vLLM's spelling for GNU OpenMP, which torch ships
+        {"OMP_PLACES": "{0}"},
+        {"KMP_AFFINITY": "granularity=fine,explicit,proclist=[0]"},
+    ],
+)
+def test_a_forked_worker_is_bound_to_the_cores_vllm_chose_for_it(monkeypatch, env):
+    """A forked worker inherits an OpenMP runtime started without the environment vLLM
+    sets for the worker's cores (that environment only works in a new process): the
+    worker takes it by hand, so it runs OMP_NUM_THREADS threads on those cores (here one
+    on core 0) instead of its parent's unbound threads."""
+    import multiprocessing
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to tell bound from unbound")
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    for name, value in {"OMP_NUM_THREADS": "1", **env}.items():
+        monkeypatch.setenv(name, value)
+    child = ctx.Process(target=_report_binding, args=(queue,))
+    child.start()
+    cores, threads = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert (cores, threads) == ([0], 1)

@@ -15,7 +15,9 @@ the fix is what makes speculative sampling exact on CPU).
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import re
 
 import torch
 
@@ -115,30 +117,60 @@ def fix_cpu_seeded_partial_prefill() -> bool:
     return True
 
 
-def fork_cpu_engine_core() -> bool:
-    """vLLM's CPU platform forces the `spawn` start method on every process it starts, so
-    the engine-core process re-imports torch and vLLM (~13 s on 2 cores) before it can
-    even start its worker: that is a third of a replica's start, which is how long a
-    scaled-up generation pod waits before serving. The engine core only schedules, so it
-    is forked from the server process instead (no CUDA context here, and the server
-    creates its engine before any torch work). The worker, which runs the model, is
-    still spawned: forked too, it served ~30% fewer tokens/s at batch 1 (measured; most
-    likely the OpenMP runtime it inherits instead of starting its own, bound to its
-    cores). A user who sets VLLM_WORKER_MULTIPROC_METHOD keeps their choice."""
-    import multiprocessing
+def _fork_context() -> multiprocessing.context.BaseContext:
+    return multiprocessing.get_context("fork")
 
+
+def _omp_cpus() -> list[int]:
+    """The cores vLLM meant for this worker: it hands them to a new process only through
+    the OpenMP environment it sets around `Process.start()` (GOMP_CPU_AFFINITY,
+    OMP_PLACES or KMP_AFFINITY's proclist, see vllm.utils.ompmultiprocessing)."""
+    kmp = re.search(r"proclist=\[([^\]]*)\]", os.environ.get("KMP_AFFINITY", ""))
+    spec = kmp.group(1) if kmp else os.environ.get("GOMP_CPU_AFFINITY") or os.environ.get("OMP_PLACES", "")
+    return [int(c) for c in re.findall(r"\d+", spec)]
+
+
+def bind_forked_worker() -> None:
+    """What a spawned worker's OpenMP runtime does at start from the environment vLLM set
+    for it, done by hand: a forked worker inherits its parent's runtime, already started
+    without that environment, so it would run two unbound compute threads where vLLM
+    meant one on core 0 (measured: ~30% fewer tokens/s at batch 1 before this)."""
+    if cpus := _omp_cpus():
+        os.sched_setaffinity(0, cpus)  # threads started from here on inherit it
+    if threads := os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(threads))
+
+
+def fork_cpu_engine_processes() -> bool:
+    """vLLM's CPU platform forces the `spawn` start method on every process it starts, so
+    the engine-core process and then its worker each re-import torch and vLLM (~10 s each
+    on 2 cores) before the model loads: two thirds of a replica's start, which is how
+    long a scaled-up generation pod waits before serving. Both are forked instead (no
+    CUDA context here; the server creates its engine before any torch work), and each
+    forked worker is bound to the cores vLLM chose for it (`bind_forked_worker`). A user
+    who sets VLLM_WORKER_MULTIPROC_METHOD keeps their choice."""
     import vllm
     from vllm.v1.engine import utils as engine_utils
+    from vllm.v1.executor import multiproc_executor
 
     user_choice = os.environ.get(START_METHOD_ENV)
     if not vllm.__version__.startswith("0.32.") or torch.cuda.is_available() or user_choice:
         return False
     ORIGINALS.setdefault("engine_utils.get_mp_context", engine_utils.get_mp_context)
-    engine_utils.get_mp_context = lambda: multiprocessing.get_context("fork")
+    ORIGINALS.setdefault("multiproc_executor.get_mp_context", multiproc_executor.get_mp_context)
+    worker_main = ORIGINALS.setdefault("WorkerProc.worker_main", multiproc_executor.WorkerProc.worker_main)
+
+    def bound_worker_main(*args, **kwargs) -> None:
+        bind_forked_worker()
+        worker_main(*args, **kwargs)
+
+    engine_utils.get_mp_context = _fork_context
+    multiproc_executor.get_mp_context = _fork_context
+    multiproc_executor.WorkerProc.worker_main = staticmethod(bound_worker_main)
     return True
 
 
-_FIXES = (fix_cpu_expand_batch_to_tokens, fix_cpu_seeded_partial_prefill, fork_cpu_engine_core)
+_FIXES = (fix_cpu_expand_batch_to_tokens, fix_cpu_seeded_partial_prefill, fork_cpu_engine_processes)
 
 
 def enabled() -> bool:
