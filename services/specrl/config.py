@@ -156,6 +156,10 @@ class EngineConfig(StrictModel):
     nnodes: int = Field(1, ge=1)
     master_addr: str | None = None
     master_port: int = Field(29600, ge=1, le=65535)
+    # Node N > 0 stops its workers once node 0, having served, has not answered for this
+    # long (a LeaderWorkerSet recreates the whole group anyway; on a plain machine the
+    # worker process must end by itself).
+    leader_grace_s: float = Field(30.0, gt=0)
     # CPU engines only (vLLM's VLLM_CPU_OMP_THREADS_BIND): "auto" binds the engine's
     # compute threads to the first free cores, which is core 0 for *every* engine on the
     # machine, so engines sharing a machine must be given distinct cores, e.g. "1" or

@@ -6,7 +6,7 @@ run for real on one: `specrl serve rollout` as node 0 and `specrl serve rollout-
 Each node computes half of every layer, so the replica's logprobs match the reference
 model only if both nodes hold their shard; and after a policy push through specrl's
 weight sync (one weight group, a rank per worker) they match the new policy only if the
-push reached the workers of both nodes."""
+push reached the workers of both nodes. Node 1 ends by itself once node 0 is gone."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def test_a_replica_spanning_two_nodes_serves_the_policy_and_takes_weight_updates
                 "nnodes": 2,
                 "master_port": free_port(),
                 "cpu_threads_bind": "nobind",  # two "machines" on one: let the OS place them
+                "leader_grace_s": 5.0,
             },
             "speculation": {"method": "eagle3", "num_speculative_tokens": 3, "draft": "zoo:eagle3-domain"},
             "self_test": {"enabled": False},  # test_lossless covers the sampler
@@ -78,10 +79,12 @@ def test_a_replica_spanning_two_nodes_serves_the_policy_and_takes_weight_updates
             assert gap < GAP, f"after the push, logprobs are off the new policy by {gap}: a node missed it"
             ref.restore()
             assert max_logprob_gap(client, ref, tok)[0] > 10 * GAP, "the push changed nothing"
+        leader.stop()
+        # node 1 ends by itself once node 0 is gone (engine.leader_grace_s, then vLLM's
+        # shutdown of its workers, which are stuck in collectives with node 0's: ~10 s)
+        assert worker.wait(timeout=90) == 0
+        assert "node 0 (" in (tmp_path / "worker.log").read_text()
     finally:
         sender.close()
         leader.stop()
-        try:
-            worker.wait(timeout=120)  # node 1 ends once node 0 is gone (30 s of grace)
-        finally:
-            worker.kill()
+        worker.kill()

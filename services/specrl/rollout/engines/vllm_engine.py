@@ -112,14 +112,14 @@ def serve_worker_node(cfg: RolloutServerConfig, node_rank: int) -> None:
     )
     executor = MultiprocExecutor(config, monitor_workers=False)
     leader = f"{engine.leader}:{cfg.port}"
-    threading.Thread(target=_follow_leader, args=(leader, executor), daemon=True).start()
+    follow = {"grace_s": engine.leader_grace_s, "every_s": min(5.0, engine.leader_grace_s)}
+    threading.Thread(target=_follow_leader, args=(leader, executor), kwargs=follow, daemon=True).start()
     executor.start_worker_monitor(inline=True)  # returns when the workers exit
 
 
-def _follow_leader(address: str, executor, *, every_s: float = 5.0, grace_s: float = 30.0) -> None:
+def _follow_leader(address: str, executor, *, every_s: float, grace_s: float) -> None:
     """Stop this node's workers once node 0 has served and then stopped answering for
-    `grace_s`: without it they would wait on it forever (a LeaderWorkerSet recreates
-    the whole group anyway; on a plain machine the worker process must end)."""
+    `grace_s` (engine.leader_grace_s): without it they would wait on it forever."""
     from specrl.serving import health_of
 
     seen, gone_since = False, None
