@@ -32,7 +32,7 @@ from test_chart_services import on_loopback, small_values
 from test_helm_chart import configs, containers, render
 
 from specrl.config import DraftTrainerServerConfig, RolloutServerConfig, TrainerServerConfig, load_config
-from specrl.launcher import ServiceProcess, start_all
+from specrl.launcher import ServiceProcess
 from specrl.queue.redis_server import RedisServer
 from specrl.rollout.client import RolloutClient
 
@@ -107,10 +107,8 @@ def test_a_failed_orchestrator_job_is_retried_and_resumes_the_run(zoo, tmp_path)
             ]
         }
         try:
-            # side by side, as the chart's pods start, except that the draft-trainer asks
-            # the trainer which target it trains (a pod would restart until it answers)
-            start_all([services["rollout"], services["trainer"]])
-            services["draft-trainer"].start()
+            for s in services.values():
+                s.start()
             # attempt 1 dies with its pod once the replica serves v3 (checkpoint: v2)
             first = Attempt(job["args"], files, tmp_path / "attempt-1.out")
             first.wait_for_steps(run_dir, 3)

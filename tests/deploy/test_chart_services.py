@@ -29,7 +29,7 @@ from test_helm_chart import CHART, VALUES, configs, containers, helm, render
 
 from specrl import dashboards, grpc_options, serving
 from specrl.config import DraftTrainerServerConfig, RolloutServerConfig, TrainerServerConfig, load_config
-from specrl.launcher import ServiceProcess, free_port, start_all
+from specrl.launcher import ServiceProcess, free_port
 from specrl.queue.redis_server import RedisServer
 
 from conftest import ARTIFACTS, browser, http_json, make_certificates, wait_for
@@ -163,17 +163,12 @@ def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_p
             files[name] = path
         started: list[ServiceProcess] = []
         try:
-            started += [  # side by side, as the chart's pods start (but see below)
-                ServiceProcess(load_config(files[name], cls), service=service)
-                for name, cls, service in [
-                    ("rollout.yaml", RolloutServerConfig, "rollout"),
-                    ("trainer.yaml", TrainerServerConfig, "trainer"),
-                    ("draft-trainer.yaml", DraftTrainerServerConfig, "draft-trainer"),
-                ]
-            ]
-            # the draft-trainer asks the trainer which target it trains: started after it
-            start_all(started[:2])
-            start_all(started[2:])
+            for name, cls, service in [
+                ("rollout.yaml", RolloutServerConfig, "rollout"),
+                ("trainer.yaml", TrainerServerConfig, "trainer"),
+                ("draft-trainer.yaml", DraftTrainerServerConfig, "draft-trainer"),
+            ]:
+                started.append(ServiceProcess(load_config(files[name], cls), service=service).start())
             with monkeypatch.context() as plaintext:  # without the certificates: nothing
                 for name in grpc_options.TLS_ENV:
                     plaintext.delenv(name)

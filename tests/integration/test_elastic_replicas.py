@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from specrl.config import RolloutServerConfig, TrainerServerConfig
-from specrl.launcher import ServiceProcess, start_all
+from specrl.launcher import ServiceProcess
 from specrl.queue.redis_server import RedisServer
 
 from conftest import tiny_run_config, wait_for
@@ -47,16 +47,12 @@ def test_replicas_join_and_leave_a_running_run(zoo, servers, tmp_path):
     started: list[ServiceProcess] = []
     with RedisServer(tmp_path / "redis") as redis_server:
         try:
+            trainer = ServiceProcess(trainer_cfg, service="trainer").start()
             # b is started (its pod created) before the run, but joins later: a step on
             # two cores takes seconds, an engine's start tens of seconds
             server = cfg["rollout"]["server"]
-            trainer, a, b = (
-                ServiceProcess(trainer_cfg, service="trainer"),
-                _replica(server, 0),
-                _replica(server, 1),
-            )
+            a, b = _replica(server, 0).start(), _replica(server, 1).start()
             started += [trainer, a, b]
-            start_all(started)
             replicas.write_text(f"# rollout replicas\n{a.address}\n")
             cfg["rollout"] = {"replicas": 0, "discover": f"file:{replicas}", "discover_every_s": 1.0}
             cfg["trainer"] = {"address": trainer.address}
