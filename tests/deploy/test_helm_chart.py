@@ -157,6 +157,9 @@ def test_services_find_each_other_by_the_names_the_chart_gives_them(rendered):
         draft = files["draft-trainer.yaml"]
         assert run["draft_trainer"] == {"enabled": True, "address": "rl-specrl-draft-trainer.train.svc:50071"}
         assert draft["trainer"] == run["trainer"]["address"]
+        # the draft-trainer knows its target without asking the trainer, so its pod does
+        # not crash-loop while the trainer's pod is still starting
+        assert draft["target"] == trainer["trainer"]["model"]
         assert draft["save_dir"] == f"/runs/{run['name']}/draft"
         assert trainer["trainer"]["capture"]["enabled"] is True  # the draft-trainer's input
 
