@@ -24,6 +24,27 @@ def test_fixed_expand_matches_the_reference_semantics():
     assert k.tolist() == [3, 5, 5] and k.dtype == torch.int32
 
 
+def test_logprob_ranks_are_counted_without_compiling(monkeypatch):
+    """The eager rank count (no inductor compile at a replica's first request) gives
+    vLLM's ranks: entries >= the token's logprob, ties and -inf included, in chunks."""
+    from vllm.v1.sample import sampler as sampler_module
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU platform only")
+    g = torch.Generator().manual_seed(0)
+    logprobs = torch.log_softmax(torch.randn(600, 128, generator=g), dim=-1)
+    logprobs[::7, 100:] = -float("inf")  # top-k style masking
+    logprobs[5, :10] = logprobs[5].max() + 1  # ten tied at the top: rank 10
+    tokens = torch.randint(0, 100, (600,), generator=g)
+    tokens[5] = 3
+    monkeypatch.setattr(sampler_module, "batched_count_greater_than", sampler_module.batched_count_greater_than)
+    assert vllm_patches.fix_cpu_logprob_rank_compile()
+    ranks = sampler_module.Sampler.gather_logprobs(logprobs, 2, tokens).selected_token_ranks
+    chosen = logprobs.gather(-1, tokens[:, None]).numpy()
+    assert ranks.tolist() == (logprobs.numpy() >= chosen).sum(-1).tolist()
+    assert ranks[5] == 10 and ranks.dtype == torch.int64
+
+
 def test_self_test_fails_without_the_fix(sampler, monkeypatch):
     from vllm.v1.sample import rejection_sampler
 
@@ -49,10 +70,12 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     from vllm.v1.engine import utils as engine_utils
     from vllm.v1.executor import multiproc_executor
     from vllm.v1.sample import rejection_sampler
+    from vllm.v1.sample import sampler as sampler_module
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = vllm_patches.ORIGINALS.get("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
     monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", original)
+    monkeypatch.setattr(sampler_module, "batched_count_greater_than", sampler_module.batched_count_greater_than)
     for name in ("_sample", "_bookkeeping_sync"):  # restored after the test
         monkeypatch.setattr(GPUModelRunner, name, getattr(GPUModelRunner, name))
     monkeypatch.setattr(engine_utils, "get_mp_context", engine_utils.get_mp_context)
@@ -71,8 +94,10 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     assert vllm_patches.applied() == [
         "fix_cpu_expand_batch_to_tokens",
         "fix_cpu_seeded_partial_prefill",
+        "fix_cpu_logprob_rank_compile",
         "fork_cpu_engine_processes",
     ]
+    assert sampler_module.batched_count_greater_than is vllm_patches._count_at_least
 
 
 def test_engine_processes_are_forked_unless_the_user_chose_a_start_method(monkeypatch):

@@ -1,5 +1,5 @@
-"""specrl's fixes to vLLM (to its sampling on CPU, and to its start-up time on CPU),
-applied in every engine process.
+"""specrl's fixes to vLLM (to its sampling on CPU, and to its start-up and first-request
+time on CPU), applied in every engine process.
 
 vLLM loads `vllm.general_plugins` entry points in the frontend, the engine-core and the
 worker processes, so `register` (the entry point in pyproject.toml) is the only hook that
@@ -117,6 +117,37 @@ def fix_cpu_seeded_partial_prefill() -> bool:
     return True
 
 
+_RANK_ROWS = 256  # rows per chunk: bounds the comparison's temporary at 256 x vocab bytes
+
+
+def _count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Eager vllm.v1.sample.ops.logprobs.batched_count_greater_than: per row of x [N, V],
+    how many entries are >= that row's value in values [N, 1] (a token's logprob rank),
+    in row chunks so the boolean temporary stays small at any batch."""
+    out = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
+    for start in range(0, x.shape[0], _RANK_ROWS):
+        rows = slice(start, start + _RANK_ROWS)
+        out[rows] = (x[rows] >= values[rows]).sum(-1)
+    return out
+
+
+def fix_cpu_logprob_rank_compile() -> bool:
+    """vLLM computes the rank of every returned logprob with a function it compiles with
+    torch.compile (inductor), to spare GPU memory; on CPU that compile happens in each
+    worker at the first request that asks for logprobs, and every rollout request does:
+    the first Generate of each replica took 2.2 s instead of 0.1 s on 2 cores with a warm
+    inductor cache (6.4 s for the function alone in a fresh process, more with a cold
+    one). Counting eagerly costs nothing at CPU batch sizes and vocabularies."""
+    import vllm
+    from vllm.v1.sample import sampler
+
+    if not vllm.__version__.startswith("0.32.") or torch.cuda.is_available():
+        return False
+    ORIGINALS.setdefault("batched_count_greater_than", sampler.batched_count_greater_than)
+    sampler.batched_count_greater_than = _count_at_least
+    return True
+
+
 def _fork_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("fork")
 
@@ -170,7 +201,12 @@ def fork_cpu_engine_processes() -> bool:
     return True
 
 
-_FIXES = (fix_cpu_expand_batch_to_tokens, fix_cpu_seeded_partial_prefill, fork_cpu_engine_processes)
+_FIXES = (
+    fix_cpu_expand_batch_to_tokens,
+    fix_cpu_seeded_partial_prefill,
+    fix_cpu_logprob_rank_compile,
+    fork_cpu_engine_processes,
+)
 
 
 def enabled() -> bool:
