@@ -37,7 +37,8 @@ def test_logprob_ranks_are_counted_without_compiling(monkeypatch):
     logprobs[5, :10] = logprobs[5].max() + 1  # ten tied at the top: rank 10
     tokens = torch.randint(0, 100, (600,), generator=g)
     tokens[5] = 3
-    monkeypatch.setattr(sampler_module, "batched_count_greater_than", sampler_module.batched_count_greater_than)
+    rank_fn = sampler_module.batched_count_greater_than
+    monkeypatch.setattr(sampler_module, "batched_count_greater_than", rank_fn)  # restored after
     assert vllm_patches.fix_cpu_logprob_rank_compile()
     ranks = sampler_module.Sampler.gather_logprobs(logprobs, 2, tokens).selected_token_ranks
     chosen = logprobs.gather(-1, tokens[:, None]).numpy()
@@ -75,7 +76,8 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
 
     original = vllm_patches.ORIGINALS.get("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
     monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", original)
-    monkeypatch.setattr(sampler_module, "batched_count_greater_than", sampler_module.batched_count_greater_than)
+    rank_fn = sampler_module.batched_count_greater_than
+    monkeypatch.setattr(sampler_module, "batched_count_greater_than", rank_fn)  # restored after
     for name in ("_sample", "_bookkeeping_sync"):  # restored after the test
         monkeypatch.setattr(GPUModelRunner, name, getattr(GPUModelRunner, name))
     monkeypatch.setattr(engine_utils, "get_mp_context", engine_utils.get_mp_context)
