@@ -61,6 +61,9 @@ class AdaptiveSpeculationConfig(StrictModel):
     # largest k is run until a quarter as many were verified at its last position (for at
     # most refresh_steps / 8 steps)
     acceptance_window: int = Field(256, ge=8)
+    # each consecutive decision for off (speculation measured afresh and losing again)
+    # doubles the next off period, up to this many refresh periods
+    off_backoff_max: int = Field(8, ge=1, le=1024)
 
     @model_validator(mode="after")
     def _check(self) -> AdaptiveSpeculationConfig:

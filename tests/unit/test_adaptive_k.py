@@ -77,6 +77,20 @@ def run(ctl: AdaptiveK, engine: SimEngine, batch: int, steps: int) -> tuple[floa
     return seconds, tokens
 
 
+def serve(ctl: AdaptiveK, engine: SimEngine, steps: int) -> tuple[float, int, int]:
+    """Drive `steps` steps at batch 1, the drafter paused as the engine would; returns
+    (tokens per second, steps served paused, drafter resumes)."""
+    seconds, tokens, off, resumes = 0.0, 0, 0, 0
+    for _ in range(steps):
+        s, made = engine.step(ctl.k_for(1), 1, was_paused := paused(ctl))
+        off += was_paused
+        ctl.observe(s)
+        resumes += was_paused and not paused(ctl)
+        seconds += s.seconds
+        tokens += made
+    return tokens / seconds, off, resumes
+
+
 def test_batch_ranges_cover_every_batch_size_once():
     for max_batch in (1, 2, 5, 64, 100, 256):
         ranges = batch_ranges(max_batch)
@@ -119,18 +133,26 @@ def test_a_draft_that_only_beats_vllms_k0_is_turned_off_globally():
     ar = engine.expected_rate(0, 1, paused=True)
     assert engine.expected_rate(1, 1) < ar
     assert engine.expected_rate(1, 1) > engine.expected_rate(0, 1) * CFG.ar_margin  # beats vLLM's k=0
-    ctl = AdaptiveK(CFG, 3, 128)
-    steps, seconds, tokens, off, resumes = 5 * CFG.refresh_steps, 0.0, 0, 0, 0
-    for _ in range(steps):
-        s, made = engine.step(ctl.k_for(1), 1, was_paused := paused(ctl))
-        off += was_paused
-        ctl.observe(s)
-        resumes += was_paused and not paused(ctl)
-        seconds += s.seconds
-        tokens += made
+    steps = 5 * CFG.refresh_steps
+    rate, off, resumes = serve(AdaptiveK(CFG, 3, 128), engine, steps)
     assert off / steps > 0.6
     assert resumes <= 5  # one per refresh period at most
-    assert tokens / seconds >= 0.95 * ar
+    assert rate >= 0.95 * ar
+
+
+def test_a_draft_that_keeps_losing_is_measured_afresh_ever_more_rarely():
+    """Every re-measurement of a draft that never pays runs a quarter period at the
+    largest k (~0.5x AR here); doubling the off period after each loss keeps that cost
+    small where a fixed period pays it every 1.25 periods."""
+    engine = SimEngine(alpha=0.15, draft_fixed=0.006, per_pos=0.003)
+    ar = engine.expected_rate(0, 1, paused=True)
+    assert engine.expected_rate(3, 1) < 0.55 * ar
+    steps = 24 * CFG.refresh_steps
+    backoff = serve(AdaptiveK(CFG, 3, 128), engine, steps)
+    fixed = serve(AdaptiveK(CFG.model_copy(update={"off_backoff_max": 1}), 3, 128), engine, steps)
+    assert backoff[2] <= 6 < fixed[2]  # periods off: 1, 2, 4, 8, 8 (+ the first speculation)
+    assert backoff[0] >= 0.96 * ar
+    assert backoff[0] > 1.04 * fixed[0]
 
 
 def test_speculation_at_the_ar_margin_does_not_flap():

@@ -29,6 +29,13 @@ time paused (ranges weighted by the tokens they carry). Speculation is kept only
 beats off by `ar_margin`; otherwise the engine stays paused for `refresh_steps` steps
 before speculation is measured afresh. Each decision holds for a whole period, so the
 drafter resumes (and recomputes what is in flight) at most twice per period.
+
+Measuring speculation afresh costs time when the draft does not pay (a quarter period
+at the largest k, the worst setting for such a draft), so each consecutive decision for
+off doubles the next off period, up to `off_backoff_max` periods: a draft that keeps
+losing is re-measured ever more rarely (on the zoo's generic head at batch 64, a
+re-measurement runs at ~0.5x AR: one in every 1.25 periods cost ~10% of throughput, one
+in 8.25 periods ~2%). A decision for speculation resets it.
 """
 
 from __future__ import annotations
@@ -107,6 +114,8 @@ class AdaptiveK:
         self._mode_steps = 0  # steps observed in this mode
         self._period = cfg.refresh_steps // 4  # speculating steps before the next probe
         self.probe_steps = 3 * cfg.min_samples
+        self._off_periods = 1  # length of the next off period, in refresh periods
+        self._off_steps = cfg.refresh_steps  # length of the off period in force
 
     def _reset_acceptance(self) -> None:
         """Per draft position, the most recent steps' (requests, accepted) counts and
@@ -155,7 +164,7 @@ class AdaptiveK:
             return self._observe_paused(step, r)
         changed = self._observe_speculating(step, r)
         if changed and all(x.k == 0 for x in self.ranges):
-            self._enter(OFF)  # the engine pauses the drafter: measure it as paused
+            self._go_off()  # the engine pauses the drafter: measure it as paused
         elif self._mode_steps >= self._period:
             self._enter(PROBING)
         else:
@@ -167,6 +176,13 @@ class AdaptiveK:
         for r in self.ranges:
             r.paused_steps = 0
 
+    def _go_off(self) -> None:
+        """Speculation lost: off for the current number of periods, and twice that (up to
+        `off_backoff_max`) should it lose again when measured afresh."""
+        self._enter(OFF)
+        self._off_steps = self.cfg.refresh_steps * self._off_periods
+        self._off_periods = min(2 * self._off_periods, self.cfg.off_backoff_max)
+
     def _observe_paused(self, step: EngineStep, r: _Range) -> bool:
         if any(step.drafted):
             return False  # verifies drafts proposed before the pause
@@ -175,7 +191,7 @@ class AdaptiveK:
         r.paused_steps += 1
         if self.mode == PROBING and self._mode_steps >= self.probe_steps:
             return self._decide()
-        if self.mode == OFF and self._mode_steps >= self.cfg.refresh_steps:
+        if self.mode == OFF and self._mode_steps >= self._off_steps:
             for x in self.ranges:  # speculation is measured afresh: draft and load moved
                 x.k, x.seconds, x.steps, x.deep_drafts = self.max_k, {}, 0, 0
             self._reset_acceptance()
@@ -200,8 +216,9 @@ class AdaptiveK:
         if off_s >= spec_s * self.cfg.ar_margin:
             self._enter(SPECULATING)
             self._period = self.cfg.refresh_steps
+            self._off_periods = 1
             return True
-        self._enter(OFF)
+        self._go_off()
         return False
 
     def off_rate(self, r: _Range) -> float | None:
