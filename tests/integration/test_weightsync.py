@@ -27,6 +27,8 @@ from specrl.weightsync.sender import WeightSender
 from specrl.weightsync.wire import manifest_to_proto
 from specrl.zoo import task
 
+from conftest import wait_for
+
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 
 TIMEOUT_S = 8.0  # collective timeout of the test senders
@@ -371,7 +373,8 @@ def test_an_update_whose_sender_died_before_commit_is_abandoned_when_a_new_sende
     with pytest.raises(Died):
         dying.push(system["version"] + 1, ref.model.named_parameters)
     dying.close()
-    ws = r1.status().weight_sync
+    # the sender's side of a broadcast can end before the replica has loaded the last bucket
+    ws = wait_for(lambda: (w := r1.status().weight_sync).state != "receiving" and w, 30, "the last bucket")
     assert (ws.state, ws.pending_kind, ws.policy_version) == ("received", "policy", served)
 
     system["version"] += 1  # the orphan's version, never served
