@@ -33,9 +33,9 @@ drafter resumes (and recomputes what is in flight) at most twice per period.
 Measuring speculation afresh costs time when the draft does not pay (a quarter period
 at the largest k, the worst setting for such a draft), so each consecutive decision for
 off doubles the next off period, up to `off_backoff_max` periods: a draft that keeps
-losing is re-measured ever more rarely (on the zoo's generic head at batch 64, a
-re-measurement runs at ~0.5x AR: one in every 1.25 periods cost ~10% of throughput, one
-in 8.25 periods ~2%). A decision for speculation resets it.
+losing is re-measured ever more rarely (a quarter period at ~0.5x AR, as the zoo's
+generic head runs at batch 64, after every one-period off period loses about a sixth of
+the throughput; after eight-period ones, about 3%). A decision for speculation resets it.
 """
 
 from __future__ import annotations
