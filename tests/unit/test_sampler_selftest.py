@@ -25,8 +25,8 @@ def test_fixed_expand_matches_the_reference_semantics():
 
 
 def test_logprob_ranks_are_counted_without_compiling(monkeypatch):
-    """The eager rank count (no inductor compile at a replica's first request) gives
-    vLLM's ranks: entries >= the token's logprob, ties and -inf included, in chunks."""
+    """Small logits: vLLM's ranks (entries >= the token's logprob, ties and -inf
+    included) counted eagerly; large ones go to vLLM's compiled kernel."""
     from vllm.v1.sample import sampler as sampler_module
 
     if torch.cuda.is_available():
@@ -40,10 +40,17 @@ def test_logprob_ranks_are_counted_without_compiling(monkeypatch):
     rank_fn = sampler_module.batched_count_greater_than
     monkeypatch.setattr(sampler_module, "batched_count_greater_than", rank_fn)  # restored after
     assert vllm_patches.fix_cpu_logprob_rank_compile()
+    compiled = []
+    monkeypatch.setitem(
+        vllm_patches.ORIGINALS, "batched_count_greater_than", lambda x, v: compiled.append(x.shape) or x[:, 0]
+    )
     ranks = sampler_module.Sampler.gather_logprobs(logprobs, 2, tokens).selected_token_ranks
     chosen = logprobs.gather(-1, tokens[:, None]).numpy()
     assert ranks.tolist() == (logprobs.numpy() >= chosen).sum(-1).tolist()
-    assert ranks[5] == 10 and ranks.dtype == torch.int64
+    assert ranks[5] == 10 and ranks.dtype == torch.int64 and not compiled
+    large = torch.zeros(vllm_patches.EAGER_RANK_MAX // 128 + 1, 128)
+    sampler_module.Sampler.gather_logprobs(large, 2, torch.zeros(len(large), dtype=torch.int64))
+    assert compiled == [large.shape]
 
 
 def test_self_test_fails_without_the_fix(sampler, monkeypatch):
