@@ -352,6 +352,9 @@ def bench_adaptive(
     ),
     concurrency: str = typer.Option("1,4,16,64", help="Comma-separated concurrency levels."),
     rounds: int = typer.Option(3, min=1, help="Counted rounds (after one warm-up round)."),
+    paused: bool = typer.Option(
+        False, "--paused", help="Also each speculator held at k=0 everywhere, its drafter paused."
+    ),
 ) -> None:
     """Adaptive k vs each fixed k vs AR, all servers up at once, interleaved and repeated."""
     from specrl.bench.adaptive import run_adaptive_bench
@@ -363,6 +366,7 @@ def bench_adaptive(
         ks=[int(k) for k in ks.split(",")],
         concurrency=[int(c) for c in concurrency.split(",")],
         rounds=rounds,
+        paused=paused,
         console=console,
     )
 

@@ -170,16 +170,23 @@ def test_verify_lossless_command_against_the_running_server(eagle, tmp_path):
 
 
 def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(servers):
-    """speculation.k_schedule (vLLM's dynamic speculative decoding): k=3 for one sequence,
-    speculation off for 2-8, k=1 above; each sample's draft tokens per verification step
-    show which k its engine steps used, and the server's samples at k=1 (the verify
-    command's batch of 128) still follow the exact target distribution. SetSpeculation
-    changes the schedule while serving; a bad one is refused and changes nothing."""
+    """speculation.k_schedule (vLLM's dynamic speculative decoding): a server started
+    with k=0 everywhere serves with its drafter paused from the start; then k=3 for one
+    sequence, speculation off for 2-8, k=1 above; each sample's draft tokens per
+    verification step show which k its engine steps used, and the server's samples at
+    k=1 (the verify command's batch of 128) still follow the exact target distribution.
+    SetSpeculation changes the schedule while serving; a bad one is refused and changes
+    nothing."""
     from specrl.stats.lossless import verify_server
 
     proc = _k_schedule_server(servers)
     prompt = task.take(1, seed=11, split="test", max_operand=20, max_terms=3)[0].prompt
     with RolloutClient(proc.address) as c:
+        assert c.status().speculation.drafter_paused
+        assert "specrl_rollout_drafter_paused 1.0" in _metrics_text(proc)
+        assert c.generate([prompt], n=1, max_tokens=8, seed=1).samples[0].acceptance.drafts == 0
+        state = c.set_k_schedule([(1, 1, 3), (2, 8, 0), (9, 128, 1)])
+        assert not state.drafter_paused
         one = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0].acceptance
         assert one.drafts > 0 and one.draft_tokens == 3 * one.drafts
         # n > 1 fans out into requests the engine admits over its first steps, so a step
@@ -225,7 +232,7 @@ def _k_schedule_server(servers):
                 "method": "eagle3",
                 "num_speculative_tokens": 3,
                 "draft": "zoo:eagle3-domain",
-                "k_schedule": [[1, 1, 3], [2, 8, 0], [9, 128, 1]],
+                "k_schedule": [[1, 128, 0]],  # each test sets its own
             },
         }
     )

@@ -29,6 +29,15 @@ def test_each_speculator_runs_at_every_k_then_adaptive_between_two_ar_runs():
     assert len(variants([3], adaptive=False)) == 2 + 4
 
 
+def test_a_paused_variant_starts_at_k0_for_every_batch_size():
+    from specrl.bench.rollout import Variant
+
+    v = Variant("eagle3", "eagle3-generic", 3, paused=True)
+    spec = v.config().speculation
+    assert v.label == "eagle3:eagle3-generic:paused"
+    assert spec.k_schedule == ((1, v.config().engine.max_num_seqs, 0),) and not spec.adaptive.enabled
+
+
 def test_outputs_hold_fixed_and_adaptive_rows(tmp_path):
     def row(method, k, tps, adaptive="", k_at_c=None):
         chosen = k if k_at_c is None else k_at_c

@@ -42,8 +42,11 @@ def run_adaptive_bench(
     ks: list[int],
     concurrency: list[int],
     rounds: int = 3,
+    paused: bool = False,
     console: Console | None = None,
 ) -> list[dict]:
+    """`paused`: also each speculator's server held at k=0 everywhere with its drafter
+    paused, the engine the controller leaves running when it turns speculation off."""
     console = console or Console(stderr=True)
     per_level = {c: max(32, 4 * c) for c in concurrency}
     prompts = zoo_test_prompts(max(per_level.values()), console)
@@ -51,6 +54,8 @@ def run_adaptive_bench(
     for method, draft in speculators:
         variants = [Variant("none", "", 0)] + [Variant(method, draft, k) for k in ks]
         variants.append(Variant(method, draft, max(ks), adaptive=True))
+        if paused:
+            variants.append(Variant(method, draft, max(ks), paused=True))
         console.print(f"[bold]{draft or method}[/bold]: {', '.join(v.label for v in variants)}")
         with ExitStack() as stack:
             procs = [stack.enter_context(ServiceProcess(v.config())) for v in variants]
@@ -85,7 +90,8 @@ def _rows(variants, procs, rates, concurrency, speculator: str) -> list[dict]:
         ar = statistics.median(rates[(0, c)])
         for i, v in enumerate(variants):
             got = rates[(i, c)]
-            name = "ar" if v.method == "none" else ("adaptive" if v.adaptive else f"k={v.k}")
+            kind = "paused" if v.paused else ("adaptive" if v.adaptive else f"k={v.k}")
+            name = "ar" if v.method == "none" else kind
             rows.append(
                 {
                     "speculator": speculator,
@@ -96,7 +102,7 @@ def _rows(variants, procs, rates, concurrency, speculator: str) -> list[dict]:
                     "max": round(max(got), 1),
                     "rounds": [round(x, 1) for x in got],
                     "speedup_vs_ar": round(statistics.median(got) / ar, 3),
-                    "k_at_c": chosen_k(procs[i].address, c) if v.adaptive else v.k,
+                    "k_at_c": chosen_k(procs[i].address, c) if v.adaptive else (0 if v.paused else v.k),
                 }
             )
     return rows

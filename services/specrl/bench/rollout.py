@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from specrl.bench.report import machine, markdown_table, print_table, speedups_over_ar
-from specrl.config import RolloutServerConfig
+from specrl.config import EngineConfig, RolloutServerConfig
 from specrl.launcher import ServiceProcess
 from specrl.rollout.client import RolloutClient
 
@@ -42,12 +42,14 @@ class Variant:
     draft: str  # zoo name or "" (ar, ngram)
     k: int  # the draft length; with `adaptive`, the largest the controller may choose
     adaptive: bool = False
+    paused: bool = False  # held at k=0 everywhere (drafter paused): where adaptive goes when off
 
     @property
     def label(self) -> str:
         if self.method == "none":
             return "ar"
-        return f"{self.method}:{self.draft or '-'}:{'adaptive<=' if self.adaptive else 'k'}{self.k}"
+        kind = "paused" if self.paused else ("adaptive<=" if self.adaptive else "k") + str(self.k)
+        return f"{self.method}:{self.draft or '-'}:{kind}"
 
     def config(self) -> RolloutServerConfig:
         spec: dict = {"method": self.method, "num_speculative_tokens": max(1, self.k)}
@@ -55,6 +57,8 @@ class Variant:
             spec["draft"] = f"zoo:{self.draft}"
         if self.adaptive:
             spec["adaptive"] = {"enabled": True}
+        if self.paused:
+            spec["k_schedule"] = [[1, EngineConfig().max_num_seqs, 0]]
         return RolloutServerConfig.model_validate(
             {"port": 0, "engine": {"model": "zoo:target", "dtype": "float32"}, "speculation": spec}
         )

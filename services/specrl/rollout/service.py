@@ -148,6 +148,10 @@ class RolloutService:
 
     async def start(self) -> None:
         """Ask the engine which specrl fixes it runs, then self-test its sampler."""
+        if self.k_schedule is not None and all(k == 0 for *_, k in self.k_schedule):
+            # vLLM starts a k=0 schedule with its drafter running every step: pause it,
+            # as a change to k=0 everywhere would (engines/vllm_control.py)
+            self._record_drafter(await self.engine.set_k_schedule(list(self.k_schedule)))
         if self.adaptive is not None:
             await self._apply_adaptive()
         self.engine_patches = await self.engine.applied_patches()
