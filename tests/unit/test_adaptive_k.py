@@ -247,3 +247,22 @@ def test_config_errors():
         AdaptiveSpeculationConfig(enabled=True, min_samples=16, window=8)
     with pytest.raises(ValueError, match="min_gain"):
         AdaptiveSpeculationConfig(min_gain=0.9)
+
+
+def test_k0_everywhere_stops_the_engine_cores_per_step_draft_fetch():
+    """vllm_control.set_k_schedule on the engine core's attributes, with vLLM's own lookup
+    builder. The engine core is a stand-in object here (a real one needs a whole engine);
+    on real engines test_rollout_server.py's schedule tests show drafting resuming after
+    k=0 everywhere, which needs the fetch back on."""
+    from types import SimpleNamespace
+
+    from specrl.rollout.engines.vllm_control import set_k_schedule
+
+    scheduler = SimpleNamespace(
+        dynamic_sd_lookup=[3] * 9, scheduler_config=SimpleNamespace(max_num_seqs=8), num_spec_tokens=3
+    )
+    core = SimpleNamespace(scheduler=scheduler, use_spec_decode=True, check_for_draft_tokens=True)
+    set_k_schedule(core, [[1, 8, 0]])
+    assert scheduler.dynamic_sd_lookup[1:] == [0] * 8 and not core.check_for_draft_tokens
+    set_k_schedule(core, [[1, 4, 0], [5, 8, 2]])
+    assert scheduler.dynamic_sd_lookup[1:] == [0] * 4 + [2] * 4 and core.check_for_draft_tokens

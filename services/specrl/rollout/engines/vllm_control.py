@@ -4,7 +4,8 @@ vLLM process through the `vllm.general_plugins` entry point (pyproject.toml).
 `specrl_set_k_schedule` becomes an engine-core utility method (called from the frontend
 with `AsyncLLM.engine_core.call_utility_async`): it replaces the scheduler's draft length
 by batch size (vLLM's dynamic speculative decoding lookup, which vLLM only builds once,
-from `num_speculative_tokens_per_batch_size` at startup). It runs between engine steps,
+from `num_speculative_tokens_per_batch_size` at startup), and with k=0 at every batch size
+stops the engine core's per-step fetch of draft tokens from the worker. It runs between engine steps,
 on the engine-core thread, so a step never sees half a schedule. This is the lever of
 the adaptive speculation controller (docs/design.md).
 
@@ -44,6 +45,12 @@ def set_k_schedule(engine_core, schedule: list[list[int]]) -> None:
         vllm_max_batch_size=scheduler.scheduler_config.max_num_seqs,
         vllm_num_speculative_tokens=scheduler.num_spec_tokens,
     )
+    # After every step the engine core asks the worker for its draft tokens (a round trip
+    # to the worker process); with k=0 at every batch size none would be scheduled, so
+    # it stops asking until a k > 0 comes back. The scheduler clears each request's
+    # drafts when it schedules it, so none from before survives into a resumed schedule.
+    drafting = any(k > 0 for *_, k in schedule)
+    engine_core.check_for_draft_tokens = engine_core.use_spec_decode and drafting
     log.info("k schedule now %s", schedule)
 
 
