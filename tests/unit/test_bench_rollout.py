@@ -74,9 +74,17 @@ def test_draft_table_puts_the_adaptive_controller_beside_the_fixed_ks():
     assert table[2] == "| domain init, frozen | 1.80x (AL 3.00) | 2.20x (AL 3.00) | 2.25x (AL 3.00, k=6) |"
 
 
-def test_adaptive_bench_rotates_the_order_of_servers_every_round():
-    from specrl.bench.adaptive import _rotated
+def test_adaptive_bench_measures_every_server_after_every_other_equally_often():
+    from collections import Counter
+    from itertools import pairwise
 
-    assert [_rotated(range(3), r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    from specrl.bench.adaptive import balanced_orders
+
+    for n in range(1, 8):
+        orders = balanced_orders(n)
+        assert len(orders) == (n if n % 2 == 0 else 2 * n)
+        assert all(sorted(order) == list(range(n)) for order in orders)
+        follows = Counter(pair for order in orders for pair in pairwise(order))
+        assert len(follows) == n * (n - 1) and len(set(follows.values())) <= 1, (n, follows)
     result = CliRunner().invoke(app, ["bench", "adaptive", "--only", "medusa"])
     assert result.exit_code == 2 and "medusa" in result.output

@@ -4,14 +4,18 @@ one server is not enough to tell differences of 10-20% apart.
 
 All servers of one speculator run at once (AR, the speculator at each fixed k, and with
 `speculation.adaptive` choosing k up to the largest); every round measures each of them
-at each concurrency, in an order that rotates from round to round, so drift of the
-machine spreads evenly over the variants. Round 0 is a warm-up for every server (and the
-controller's learning pass) and is not counted; the table gives the median tokens/s of
-the other rounds, their spread, and the ratio of medians to AR's.
+at each concurrency, in orders that change from one measurement to the next, so drift of
+the machine spreads evenly over the variants, and every server follows every other one
+equally often: an engine busy-polls for a second after its last request (vLLM's
+shared-memory queues), which may slow whichever server is measured next. Round 0 is a
+warm-up for every server (and the controller's learning pass) and is not counted; the
+table gives the median tokens/s of the other rounds, their spread, and the ratio of
+medians to AR's.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from contextlib import ExitStack
@@ -60,9 +64,10 @@ def run_adaptive_bench(
         with ExitStack() as stack:
             procs = [stack.enter_context(ServiceProcess(v.config())) for v in variants]
             rates: dict[tuple[int, int], list[float]] = {}
+            orders = itertools.cycle(balanced_orders(len(variants)))
             for rnd in range(rounds + 1):
                 for c in concurrency:
-                    for i in _rotated(range(len(variants)), rnd):
+                    for i in next(orders):
                         r = closed_loop(procs[i].address, prompts[: per_level[c]], c)
                         if rnd:
                             rates.setdefault((i, c), []).append(r["tokens"] / r["seconds"])
@@ -78,10 +83,18 @@ def run_adaptive_bench(
     return rows
 
 
-def _rotated(items: range, by: int) -> list[int]:
-    items = list(items)
-    by %= len(items)
-    return items[by:] + items[:by]
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of range(n) in which every item directly follows every other one equally
+    often (a Williams design: n orders for even n, 2n for odd n)."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    orders = [[(x + shift) % n for x in first] for shift in range(n)]
+    return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
 
 
 def _rows(variants, procs, rates, concurrency, speculator: str) -> list[dict]:
