@@ -148,9 +148,9 @@ class RolloutService:
 
     async def start(self) -> None:
         """Ask the engine which specrl fixes it runs, then self-test its sampler."""
-        if self.k_schedule is not None and all(k == 0 for *_, k in self.k_schedule):
-            # vLLM starts a k=0 schedule with its drafter running every step: pause it,
-            # as a change to k=0 everywhere would (engines/vllm_control.py)
+        if self.k_schedule is not None:
+            # vLLM applies a start schedule only to its lookup: applied here as a change is,
+            # so that k=0 everywhere pauses the drafter from the start (vllm_control.py)
             self._record_drafter(await self.engine.set_k_schedule(list(self.k_schedule)))
         if self.adaptive is not None:
             await self._apply_adaptive()
