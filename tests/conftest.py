@@ -16,6 +16,14 @@ from typing import TypeVar
 
 import pytest
 
+# One compute thread per process, for this process and every service it starts: the
+# suite runs a rollout engine, a trainer, a draft-trainer and an orchestrator side by
+# side on 2 cores, and torch's default of one OpenMP thread per core in each of them
+# oversubscribes the machine, where spinning OpenMP threads take the cores from the
+# processes doing the work: test_chart_resume took 167 s that way and 99 s with one
+# thread each (2026-11-25). Set before torch is imported; a value given is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from specrl.config import RolloutServerConfig
 from specrl.launcher import ServiceProcess
 

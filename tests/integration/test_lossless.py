@@ -131,8 +131,10 @@ def test_the_test_rejects_a_deliberately_biased_sampler(exact):
 
 # One method and one setting suffice to show the test catches the bug: unfixed, the
 # samples are off by TV 0.91, 0.95 and 0.88 under the three SETTINGS (measured at N=6000,
-# 2026-11-24), which N_UNFIXED samples reject with certainty.
+# 2026-11-24), which N_UNFIXED samples reject with certainty. Only that fix is turned
+# off: the others (forked engine processes, no logprob-rank compile) save start-up time.
 N_UNFIXED = 1000
+UNFIXED = {"SPECRL_VLLM_PATCHES": "-fix_cpu_expand_batch_to_tokens"}
 
 
 @pytest.mark.parametrize("method, k, draft", [("eagle3", 3, "zoo:eagle3-domain")])
@@ -142,7 +144,7 @@ def test_without_specrls_vllm_fix_sampling_is_not_lossless(servers, hf, exact, m
     if torch.cuda.is_available():
         pytest.skip("CPU-only engine bug")
     cfg = server_config(method, k, draft, self_test={"enabled": False})
-    proc = servers.get(cfg, env={"SPECRL_VLLM_PATCHES": "0"})
+    proc = servers.get(cfg, env=UNFIXED)
     with RolloutClient(proc.address) as c:
         samples, _ = sample(c, hf[2], SETTINGS[0], n=N_UNFIXED)
     check = check_samples(
@@ -156,11 +158,13 @@ def test_self_test_refuses_speculative_serving_without_the_fix(servers):
     import grpc
     from grpc_health.v1 import health_pb2
 
-    proc = servers.get(server_config("eagle3", 3, "zoo:eagle3-domain"), env={"SPECRL_VLLM_PATCHES": "0"})
+    proc = servers.get(server_config("eagle3", 3, "zoo:eagle3-domain"), env=UNFIXED)
     assert "self-test FAILED" in proc.log_tail(400)
     with RolloutClient(proc.address) as c:
         st = c.status()
         assert not st.self_test_passed and st.self_test_p_value < 1e-4
+        assert "fix_cpu_expand_batch_to_tokens" not in st.engine_patches
+        assert "fork_cpu_engine_processes" in st.engine_patches, "only the sampling fix was turned off"
         assert c.health() == health_pb2.HealthCheckResponse.NOT_SERVING
         with pytest.raises(grpc.RpcError) as e:
             c.generate(["Q: 1+1=?\nA:"], max_tokens=4)

@@ -97,16 +97,49 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     monkeypatch.setenv(vllm_patches.DISABLE_ENV, "0")
     vllm_patches.register()
     assert rejection_sampler.expand_batch_to_tokens is original
+    assert vllm_patches.applied() == []
+    monkeypatch.setenv(vllm_patches.DISABLE_ENV, "-fix_cpu_expand_batch_to_tokens")
+    vllm_patches.register()
+    assert rejection_sampler.expand_batch_to_tokens is original
+    assert sampler_module.batched_count_greater_than is vllm_patches._count_at_least
+    assert "fix_cpu_expand_batch_to_tokens" not in vllm_patches.applied()
     monkeypatch.setenv(vllm_patches.DISABLE_ENV, "1")
     vllm_patches.register()
     assert rejection_sampler.expand_batch_to_tokens is vllm_patches._expand_batch_to_tokens
-    assert vllm_patches.applied() == [
+    assert sorted(vllm_patches.applied()) == [
         "fix_cpu_expand_batch_to_tokens",
-        "fix_cpu_seeded_partial_prefill",
         "fix_cpu_logprob_rank_compile",
+        "fix_cpu_seeded_partial_prefill",
         "fork_cpu_engine_processes",
     ]
     assert sampler_module.batched_count_greater_than is vllm_patches._count_at_least
+
+
+@pytest.mark.parametrize(
+    "value, off",
+    [
+        ("1", set()),
+        ("", set()),
+        ("0", "all"),
+        ("no", "all"),
+        ("-fix_cpu_expand_batch_to_tokens", {"fix_cpu_expand_batch_to_tokens"}),
+        (
+            " -fork_cpu_engine_processes, -fix_cpu_logprob_rank_compile ",
+            {"fork_cpu_engine_processes", "fix_cpu_logprob_rank_compile"},
+        ),
+    ],
+)
+def test_the_environment_turns_off_all_fixes_or_the_named_ones(monkeypatch, value, off):
+    monkeypatch.setenv(vllm_patches.DISABLE_ENV, value)
+    every = {f.__name__ for f in vllm_patches._FIXES}
+    assert vllm_patches.disabled() == (every if off == "all" else off)
+
+
+@pytest.mark.parametrize("value", ["-fix_typo", "fix_cpu_expand_batch_to_tokens", "maybe"])
+def test_a_fix_name_that_is_no_fix_is_an_error_naming_the_fixes(monkeypatch, value):
+    monkeypatch.setenv(vllm_patches.DISABLE_ENV, value)
+    with pytest.raises(ValueError, match="fix_cpu_expand_batch_to_tokens, fix_cpu_logprob_rank_compile"):
+        vllm_patches.disabled()
 
 
 def test_engine_processes_are_forked_unless_the_user_chose_a_start_method(monkeypatch):
@@ -166,8 +199,13 @@ def test_a_forked_worker_is_bound_to_the_cores_vllm_chose_for_it(monkeypatch, en
     queue = ctx.Queue()
     for name, value in {"OMP_NUM_THREADS": "1", **env}.items():
         monkeypatch.setenv(name, value)
-    child = ctx.Process(target=_report_binding, args=(queue,))
-    child.start()
+    parent_threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the parent's unbound threads (the suite runs with one)
+    try:
+        child = ctx.Process(target=_report_binding, args=(queue,))
+        child.start()
+    finally:
+        torch.set_num_threads(parent_threads)
     cores, threads = queue.get(timeout=60)
     child.join(timeout=60)
     assert (cores, threads) == ([0], 1)

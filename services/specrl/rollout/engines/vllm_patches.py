@@ -8,8 +8,10 @@ reaches the process where sampling happens; a monkeypatch in the parent does not
 Each fix is one named function, linked to its upstream issue, guarded by the engine
 version it is known to be needed for, and removable once vLLM ships the fix.
 
-Set SPECRL_VLLM_PATCHES=0 to disable every fix (the lossless tests use it to show that
-the fix is what makes speculative sampling exact on CPU).
+Set SPECRL_VLLM_PATCHES=0 to disable every fix, or to a comma-separated list of fix
+names each prefixed with "-" to disable only those (the lossless tests disable
+`fix_cpu_expand_batch_to_tokens` alone to show that it is what makes speculative
+sampling exact on CPU, keeping the fixes that only save start-up time).
 """
 
 from __future__ import annotations
@@ -211,17 +213,33 @@ _FIXES = (
 )
 
 
-def enabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "1") not in ("0", "false", "no")
+def disabled() -> set[str]:
+    """The fixes SPECRL_VLLM_PATCHES turns off: all of them for "0" (or "false", "no"),
+    the named ones for "-name,-name", none when unset (or "1"). A name that is no fix is
+    an error: a typo must not leave a fix on that a test means to turn off."""
+    value = os.environ.get(DISABLE_ENV, "1").strip()
+    names = {f.__name__ for f in _FIXES}
+    if value.lower() in ("0", "false", "no"):
+        return names
+    if value.lower() in ("", "1", "true", "yes"):
+        return set()
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    off = {item[1:] for item in items if item.startswith("-")}
+    if unknown := sorted({item for item in items if not item.startswith("-")} | (off - names)):
+        raise ValueError(
+            f"{DISABLE_ENV}={value!r}: {', '.join(unknown)} not understood; use 0, 1 or "
+            f"-name for any of {', '.join(sorted(names))}"
+        )
+    return off
 
 
 def register() -> None:
     """vLLM general-plugin entry point: apply each fix once per process."""
-    if not enabled():
-        log.warning("specrl vLLM fixes disabled by %s=0", DISABLE_ENV)
-        return
+    off = disabled()
+    if off:
+        log.warning("specrl vLLM fixes disabled by %s: %s", DISABLE_ENV, ", ".join(sorted(off)))
     for fix in _FIXES:
-        if fix.__name__ not in _APPLIED and fix():
+        if fix.__name__ not in _APPLIED and fix.__name__ not in off and fix():
             _APPLIED.append(fix.__name__)
             log.info("specrl applied vLLM fix %s (pid %d)", fix.__name__, os.getpid())
 
