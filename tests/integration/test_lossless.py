@@ -132,7 +132,8 @@ def test_the_test_rejects_a_deliberately_biased_sampler(exact):
 # One method and one setting suffice to show the test catches the bug: unfixed, the
 # samples are off by TV 0.91, 0.95 and 0.88 under the three SETTINGS (measured at N=6000,
 # 2026-11-24), which N_UNFIXED samples reject with certainty. Only that fix is turned
-# off: the others (forked engine processes, no logprob-rank compile) save start-up time.
+# off: the others (forked engine processes, no logprob-rank compile: start-up time; the
+# seeded partial-prefill fix) stay on.
 N_UNFIXED = 1000
 UNFIXED = {"SPECRL_VLLM_PATCHES": "-fix_cpu_expand_batch_to_tokens"}
 

@@ -6,8 +6,8 @@ with `AsyncLLM.engine_core.call_utility_async`): it replaces the scheduler's dra
 by batch size (vLLM's dynamic speculative decoding lookup, which vLLM only builds once,
 from `num_speculative_tokens_per_batch_size` at startup), and with k=0 at every batch
 size stops the engine core's per-step fetch of draft tokens from the worker. It runs
-between engine steps, on the engine-core thread, so a step never sees half a schedule. This is the lever of
-the adaptive speculation controller (docs/design.md).
+between engine steps, on the engine-core thread, so a step never sees half a schedule.
+This is the lever of the adaptive speculation controller (docs/design.md).
 
 The drafter pause (`paused_steps_run_plain`, in the worker process, switched by the
 worker extension's `specrl_pause_drafter`): at k=0 vLLM still runs, every step, the draft

@@ -11,7 +11,7 @@ version it is known to be needed for, and removable once vLLM ships the fix.
 Set SPECRL_VLLM_PATCHES=0 to disable every fix, or to a comma-separated list of fix
 names each prefixed with "-" to disable only those (the lossless tests disable
 `fix_cpu_expand_batch_to_tokens` alone to show that it is what makes speculative
-sampling exact on CPU, keeping the fixes that only save start-up time).
+sampling exact on CPU, keeping the others: start-up time, seeded partial prefills).
 """
 
 from __future__ import annotations
