@@ -26,8 +26,10 @@ from specrl.rollout.engines.vllm_control import METHOD
 from specrl.rollout.engines.vllm_engine import engine_args
 from specrl.rollout.engines.vllm_steps import step_logger
 from specrl.zoo import task
+from specrl.zoo.build import ZooSpec, task_kwargs
 
 FETCH = "specrl_bench_draft_fetch"  # this script's own engine-core utility (--fetch-ab)
+ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on
 
 
 class Engine:
@@ -110,7 +112,7 @@ async def main() -> None:
     parser.add_argument("--fetch-ab", action="store_true", help="the draft fetch on/off in one paused engine")
     opts = parser.parse_args()
     count = max(8, 4 * opts.batch if opts.fetch_ab else 2 * opts.batch)
-    prompts = [p.prompt for p in task.take(count, seed=21, split="test", max_operand=20, max_terms=3)]
+    prompts = [p.prompt for p in task.take(count, seed=21, split="test", **ZOO_TASK)]
     measure = draft_fetch_ab if opts.fetch_ab else engines_side_by_side
     print(json.dumps(await measure(opts.draft, prompts, opts.batch, opts.repeats)))
 

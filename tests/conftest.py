@@ -66,9 +66,12 @@ def servers(zoo) -> Iterator[ServerPool]:
     pool.close()
 
 
-def server_config(method: str = "none", k: int = 3, draft: str | None = None, **kw) -> RolloutServerConfig:
-    """A zoo rollout-server config (float32: the exact reference is computed in float32)."""
-    spec = {"method": method, "num_speculative_tokens": k}
+def server_config(
+    method: str = "none", k: int = 3, draft: str | None = None, speculation: dict | None = None, **kw
+) -> RolloutServerConfig:
+    """A zoo rollout-server config (float32: the exact reference is computed in float32);
+    `speculation` adds keys to its speculation section."""
+    spec = {"method": method, "num_speculative_tokens": k, **(speculation or {})}
     if draft:
         spec["draft"] = draft
     return RolloutServerConfig.model_validate(

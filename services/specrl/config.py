@@ -446,10 +446,11 @@ class DataConfig(StrictModel):
     # source: task: None draws a fresh problem every time; N makes the task a fixed
     # training set of its first N problems, cycled epoch after epoch like a file.
     task_prompts: int | None = Field(None, ge=1)
-    # The task generator's difficulty (source: task).
+    # The task generator's difficulty (source: task); the defaults are the zoo target's
+    # training distribution (zoo/build.py ZooSpec).
     task_max_operand: int = Field(20, ge=1)
     task_min_terms: int = Field(2, ge=2)
-    task_max_terms: int = Field(3, ge=2)
+    task_max_terms: int = Field(2, ge=2)
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:

@@ -31,10 +31,12 @@ LOGPROB_ATOL = 1e-3  # float32 engine vs float32 HF: different kernels, same mat
 # top-p, processed logprobs) follows the exact target distribution. Each cell costs ~2 min
 # of the suite's 30-minute budget (a server start and 3 x N samples). EAGLE-3 last: the
 # logprob test below reuses its server.
+# n-gram matches single tokens here: the probe prompt has no repeated two-token suffix
+# (stats/lossless.py PROBE_PROMPT).
 METHODS = [
-    ("draft_model", 3, "zoo:draft"),
-    ("ngram", 3, None),
-    ("eagle3", 3, "zoo:eagle3-domain"),
+    ("draft_model", 3, "zoo:draft", None),
+    ("ngram", 3, None, {"prompt_lookup_min": 1}),
+    ("eagle3", 3, "zoo:eagle3-domain", None),
 ]
 
 
@@ -66,9 +68,9 @@ def sample(client, ids, setting, n=N):
     return resp.samples, al
 
 
-@pytest.mark.parametrize("method, k, draft", METHODS, ids=[f"{m}-k{k}" for m, k, _ in METHODS])
-def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method, k, draft):
-    proc = servers.get(server_config(method, k or 1, draft))
+@pytest.mark.parametrize("method, k, draft, spec", METHODS, ids=[f"{m}-k{k}" for m, k, *_ in METHODS])
+def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method, k, draft, spec):
+    proc = servers.get(server_config(method, k or 1, draft, spec))
     with RolloutClient(proc.address) as c:
         for i, setting in enumerate(SETTINGS):
             samples, al = sample(c, hf[2], setting)
@@ -90,7 +92,7 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
 def test_returned_logprobs_match_the_hf_model(servers, hf):
     model, tok, _ = hf
     proc = servers.get(server_config("eagle3", 3, "zoo:eagle3-domain"))
-    prompts = ["Q: 12+7=?\nA:", "Q: 3-15+9=?\nA:", PROBE_PROMPT]
+    prompts = ["Q: 12+7=?\nA:", "Q: 3-15=?\nA:", PROBE_PROMPT]
     with RolloutClient(proc.address) as c:
         for setting in SETTINGS:
             resp = c.generate(prompts, n=4, max_tokens=40, seed=3, **setting)

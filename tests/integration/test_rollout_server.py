@@ -11,10 +11,12 @@ from grpc_health.v1 import health_pb2
 from specrl.rollout.client import RolloutClient
 from specrl.v1 import rollout_pb2 as pb
 from specrl.zoo import task
+from specrl.zoo.build import ZooSpec, task_kwargs
 
 from conftest import server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
+ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on
 
 
 def _metrics_text(proc) -> str:
@@ -30,7 +32,7 @@ def eagle(servers):
 
 def test_generate_returns_samples_with_logprobs_versions_and_acceptance(eagle):
     _, c = eagle
-    problems = task.take(4, seed=11, split="test", max_operand=20, max_terms=3)
+    problems = task.take(4, seed=11, split="test", **ZOO_TASK)
     resp = c.generate([p.prompt for p in problems], n=3, max_tokens=48, temperature=1.0, seed=5)
     assert len(resp.samples) == 12
     assert [(s.prompt_index, s.sample_index) for s in resp.samples] == [
@@ -180,7 +182,7 @@ def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(serve
     from specrl.stats.lossless import verify_server
 
     proc = _k_schedule_server(servers)
-    prompt = task.take(1, seed=11, split="test", max_operand=20, max_terms=3)[0].prompt
+    prompt = task.take(1, seed=11, split="test", **ZOO_TASK)[0].prompt
     with RolloutClient(proc.address) as c:
         assert c.status().speculation.drafter_paused
         assert "specrl_rollout_drafter_paused 1.0" in _metrics_text(proc)
@@ -250,7 +252,7 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
     from concurrent.futures import ThreadPoolExecutor
 
     proc = _k_schedule_server(servers)
-    prompt = task.take(1, seed=11, split="test", max_operand=20, max_terms=3)[0].prompt
+    prompt = task.take(1, seed=11, split="test", **ZOO_TASK)[0].prompt
     tokens = 256
     with RolloutClient(proc.address) as c:
         state = c.set_k_schedule([(1, 64, 0), (65, 128, 1)])  # k=0 for one sequence
@@ -303,9 +305,7 @@ def test_adaptive_k_keeps_speculation_where_it_pays_and_turns_it_off_where_it_co
     that batch size. The schedule it set is in GetStatus and in the metrics;
     SetSpeculation is refused."""
     proc = _adaptive_server(servers, draft)
-    prompts = [
-        p.prompt for p in task.take(max(batch, 12), seed=21, split="test", max_operand=20, max_terms=3)
-    ]
+    prompts = [p.prompt for p in task.take(max(batch, 12), seed=21, split="test", **ZOO_TASK)]
     with RolloutClient(proc.address) as c:
         assert c.status().speculation.adaptive
         for i in range(12 if batch == 1 else 4):

@@ -26,14 +26,16 @@ from specrl.weightsync.manifest import plan
 from specrl.weightsync.sender import WeightSender
 from specrl.weightsync.wire import manifest_to_proto
 from specrl.zoo import task
+from specrl.zoo.build import ZooSpec, task_kwargs
 
 from conftest import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
+ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on
 
 TIMEOUT_S = 8.0  # collective timeout of the test senders
 SENDER = {"timeout_s": TIMEOUT_S, "rpc_timeout_s": 30.0, "bucket_mb": 1.0}
-PROMPTS = [p.prompt for p in task.take(6, seed=3, split="test", max_operand=20, max_terms=3)]
+PROMPTS = [p.prompt for p in task.take(6, seed=3, split="test", **ZOO_TASK)]
 
 
 def _config(core: int, **weight_sync) -> RolloutServerConfig:

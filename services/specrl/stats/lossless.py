@@ -22,10 +22,11 @@ from specrl.stats.exact import FitResult, goodness_of_fit, noncentral_power, pro
 
 Continuation = tuple[int, ...]
 
-# A zoo-task prompt on which the target is uncertain for three tokens (the last operand:
-# ~20 continuations with 5-10% each) and whose suffix "2+" occurs earlier, so that n-gram
-# drafting proposes tokens too.
-PROBE_PROMPT = "Q: 12+12+"
+# A zoo-task prompt on which the target is uncertain for three tokens (the second operand:
+# ~20 continuations with 5-10% each). Its "1" and "2" recur in the continuations, so n-gram
+# drafting matching single tokens (prompt_lookup_min 1) proposes tokens that are sometimes
+# accepted; the zoo's task has no prompt with a repeated two-token suffix.
+PROBE_PROMPT = "Q: 12+"
 
 SETTINGS: tuple[dict, ...] = (
     {"temperature": 1.0, "top_p": 1.0},
