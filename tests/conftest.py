@@ -204,6 +204,11 @@ def wait_for(fn: Callable[[], T], timeout_s: float = 20.0, what: str = "") -> T:
     return value
 
 
+def metrics_text(proc: ServiceProcess) -> str:
+    """The Prometheus exposition a service serves on its metrics port."""
+    return urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
+
+
 def http_json(port: int, path: str, *, method: str = "GET", token: str | None = None) -> tuple[int, dict]:
     """`method` `path` on 127.0.0.1:`port` (a bearer `token` if given): (HTTP status, JSON)."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)

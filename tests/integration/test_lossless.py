@@ -15,7 +15,7 @@ from specrl.rollout.client import RolloutClient
 from specrl.stats.exact import goodness_of_fit, processed_probs
 from specrl.stats.lossless import PROBE_PROMPT, SETTINGS, check_samples, continuation_distribution
 
-from conftest import server_config
+from conftest import metrics_text, server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 
@@ -24,18 +24,21 @@ ALPHA = 1e-3
 LENGTH = 3
 LOGPROB_ATOL = 1e-3  # float32 engine vs float32 HF: different kernels, same math
 
-# Every method at k = 3 (several draft positions, partial acceptance). The single-position
-# edge k = 1 is proven at the same N through vLLM's dynamic draft length in
-# test_rollout_server.py::test_k_schedule_..., and plain AR sampling needs no cell of its
-# own: a speculative cell passes only if the engine's sampling as a whole (temperature,
-# top-p, processed logprobs) follows the exact target distribution. Each cell costs ~2 min
-# of the suite's 30-minute budget (a server start and 3 x N samples). EAGLE-3 last: the
-# logprob test below reuses its server.
+# Every method at k = 3 (several draft positions, partial acceptance) and draft_model and
+# n-gram at k = 1 (the single-position edge; EAGLE-3's k = 1 is proven at the same N
+# through vLLM's dynamic draft length in test_rollout_server.py::test_k_schedule_...).
+# Plain AR sampling needs no cell of its own: a speculative cell passes only if the
+# engine's sampling as a whole (temperature, top-p, processed logprobs) follows the exact
+# target distribution. Each cell costs ~70 s of the suite's 30-minute budget (a server
+# start and 3 x N samples). EAGLE-3 last: the logprob test below reuses its server.
 # n-gram matches single tokens here: the probe prompt has no repeated two-token suffix
 # (stats/lossless.py PROBE_PROMPT).
+NGRAM = {"prompt_lookup_min": 1}
 METHODS = [
+    ("draft_model", 1, "zoo:draft", None),
+    ("ngram", 1, None, NGRAM),
     ("draft_model", 3, "zoo:draft", None),
-    ("ngram", 3, None, {"prompt_lookup_min": 1}),
+    ("ngram", 3, None, NGRAM),
     ("eagle3", 3, "zoo:eagle3-domain", None),
 ]
 
@@ -70,7 +73,7 @@ def sample(client, ids, setting, n=N):
 
 @pytest.mark.parametrize("method, k, draft, spec", METHODS, ids=[f"{m}-k{k}" for m, k, *_ in METHODS])
 def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method, k, draft, spec):
-    proc = servers.get(server_config(method, k or 1, draft, spec))
+    proc = servers.get(server_config(method, k, draft, spec))
     with RolloutClient(proc.address) as c:
         for i, setting in enumerate(SETTINGS):
             samples, al = sample(c, hf[2], setting)
@@ -84,8 +87,7 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
             )
             print(method, k, check.row())
             assert check.power_at_tv05 > 0.9
-            if method != "none":
-                assert al > 1.0, "speculation proposed nothing on the probe prompt: the test would be vacuous"
+            assert al > 1.0, "speculation proposed nothing on the probe prompt: the test would be vacuous"
             assert check.fit.passed(ALPHA), check.row()
 
 
@@ -161,8 +163,9 @@ def test_self_test_refuses_speculative_serving_without_the_fix(servers):
     import grpc
     from grpc_health.v1 import health_pb2
 
-    proc = servers.get(server_config("eagle3", 3, "zoo:eagle3-domain"), env=UNFIXED)
+    proc = servers.get(server_config("eagle3", 3, "zoo:eagle3-domain", metrics_port=0), env=UNFIXED)
     assert "self-test FAILED" in proc.log_tail(400)
+    assert "specrl_rollout_self_test_passed 0.0" in metrics_text(proc)
     with RolloutClient(proc.address) as c:
         st = c.status()
         assert not st.self_test_passed and st.self_test_p_value < 1e-4

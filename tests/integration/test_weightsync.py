@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -28,7 +27,7 @@ from specrl.weightsync.wire import manifest_to_proto
 from specrl.zoo import task
 from specrl.zoo.build import ZooSpec, task_kwargs
 
-from conftest import wait_for
+from conftest import metrics_text, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on
@@ -105,8 +104,7 @@ def _acceptance(client: RolloutClient) -> tuple[float, set[tuple[int, int]]]:
 
 
 def _metric(proc: ServiceProcess, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    m = re.search(rf"^{name} (\S+)$", metrics_text(proc), re.M)
     assert m, f"{name} not exported"
     return float(m.group(1))
 
