@@ -162,7 +162,7 @@ def test_calibration_fits_the_committed_cpu_measurements():
     report = calibrate()
     # bounds stated in docs/simulator.md ("calibration")
     assert report["decode_fit"]["points"] >= 50
-    assert report["decode_fit"]["rms_rel_error"] <= 0.25
+    assert report["decode_fit"]["rms_rel_error"] <= 0.30
     assert report["trainer_fit"]["rms_rel_error"] <= 0.40
 
 
