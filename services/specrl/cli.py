@@ -67,28 +67,42 @@ def zoo_build(
     home: Path = typer.Option(None, help="Zoo root (default: $SPECRL_HOME/zoo)."),
     seed: int = typer.Option(0, help="Seed of every random choice in the build."),
     force: bool = typer.Option(False, help="Rebuild even if a matching build is cached."),
+    think: bool = typer.Option(
+        False, help="Also the RL-Think variant (a reasoning-trace SFT of the target and its heads, ~13 min)."
+    ),
 ) -> None:
     """Build (or reuse) the task, target, EAGLE-3 drafts and the external draft model."""
     from specrl.zoo.build import build_zoo, zoo_root
+    from specrl.zoo.think import THINK_DIR, build_think
 
     root = home or zoo_root()
     manifest = build_zoo(root, seed=seed, force=force, console=console)
+    listed = list(manifest["models"].items())
+    if think:
+        variant = build_think(root, seed=seed, force=force, console=console)
+        listed += [(f"{THINK_DIR}/{name}", info) for name, info in variant["models"].items()]
     console.print(f"[green]zoo ready[/green] at {root}")
-    for name, info in manifest["models"].items():
-        console.print(f"  zoo:{name:<14} {info['summary']}")
+    for name, info in listed:
+        console.print(f"  zoo:{name:<20} {info['summary']}")
 
 
 @zoo_app.command("info")
 def zoo_info(home: Path = typer.Option(None, help="Zoo root.")) -> None:
-    """Show what the cached zoo holds."""
+    """Show what the cached zoo holds (and its RL-Think variant, when built)."""
     import json
 
     from specrl.zoo.build import zoo_root
+    from specrl.zoo.think import THINK_DIR
 
-    path = (home or zoo_root()) / "manifest.json"
+    root = home or zoo_root()
+    path = root / "manifest.json"
     if not path.exists():
-        _fail(f"no zoo at {path.parent}: run `specrl zoo build`")
-    print(json.dumps(json.loads(path.read_text()), indent=2))
+        _fail(f"no zoo at {root}: run `specrl zoo build`")
+    manifest = json.loads(path.read_text())
+    think = root / THINK_DIR / "manifest.json"
+    if think.exists():  # the RL-Think variant, when built (`specrl zoo build --think`)
+        manifest[THINK_DIR] = json.loads(think.read_text())
+    print(json.dumps(manifest, indent=2))
 
 
 @serve_app.command("rollout")
@@ -377,16 +391,26 @@ def bench_draft(
     steps: int = typer.Option(6, min=1, help="RL steps with online adaptation before measuring."),
     ks: str = typer.Option("3,5,7", help="Comma-separated draft lengths."),
     concurrency: str = typer.Option("1,4", help="Comma-separated concurrency levels."),
-    prompts: int = typer.Option(32, min=8, help="Prompts per concurrency level."),
+    prompts: int = typer.Option(32, min=8, help="Prompts per concurrency level (rl-think: half)."),
+    tasks: str = typer.Option(
+        "rl-zero,rl-think",
+        help="Comma-separated columns: rl-zero, rl-think (builds the zoo's RL-Think variant).",
+    ),
 ) -> None:
-    """Draft init (domain, generic) x k x online adaptation (off, on after an RL run) and n-gram."""
-    from specrl.bench.draft import run_draft_bench
+    """Task (RL-Zero, RL-Think) x draft init (domain, generic) x k x online adaptation (off,
+    on after an RL run), n-gram and the adaptive controller."""
+    from specrl.bench.draft import pick_tasks, run_draft_bench
 
+    try:
+        chosen = pick_tasks(tasks.split(","))
+    except ValueError as e:
+        _fail(str(e))
     run_draft_bench(
         out,
         steps=steps,
         ks=[int(k) for k in ks.split(",")],
         concurrency=[int(c) for c in concurrency.split(",")],
+        tasks=chosen,
         prompts_per_level=prompts,
         console=console,
     )

@@ -1,6 +1,7 @@
 """The tiny model zoo: loadable by transformers, peaked but not trivial, drafts ordered
 by how in-domain their training data was, and cached."""
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -8,9 +9,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from specrl.zoo.build import build_zoo
+from specrl.zoo.build import ZooSpec, build_zoo
 
 pytestmark = pytest.mark.zoo
+
+# a zoo of the same stages in seconds, for the tests of the build itself
+MINI = ZooSpec(
+    corpus_size=200,
+    num_layers=7,
+    target_steps=3,
+    target_batch=8,
+    rollouts=16,
+    rollout_max_tokens=8,
+    eagle_steps=2,
+    eagle_batch=8,
+    generic_texts=16,
+    draft_steps=2,
+)
 
 
 def test_manifest_and_cache_reuse(zoo):
@@ -62,29 +77,41 @@ def test_build_is_reproducible_from_the_seed(tmp_path):
     """Two builds of a miniature spec with the same seed are byte-identical; another seed differs."""
     import hashlib
 
-    from specrl.zoo.build import ZooSpec
-
-    mini = ZooSpec(
-        corpus_size=200,
-        num_layers=7,
-        target_steps=3,
-        target_batch=8,
-        rollouts=16,
-        rollout_max_tokens=8,
-        eagle_steps=2,
-        eagle_batch=8,
-        generic_texts=16,
-        draft_steps=2,
-    )
-
     def digest(root: Path) -> dict[str, str]:
         return {
             str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*.safetensors"))
         }
 
-    a = digest(Path(build_zoo(tmp_path / "a", seed=3, spec=mini) and tmp_path / "a"))
-    b = digest(Path(build_zoo(tmp_path / "b", seed=3, spec=mini) and tmp_path / "b"))
-    c = digest(Path(build_zoo(tmp_path / "c", seed=4, spec=mini) and tmp_path / "c"))
+    a = digest(Path(build_zoo(tmp_path / "a", seed=3, spec=MINI) and tmp_path / "a"))
+    b = digest(Path(build_zoo(tmp_path / "b", seed=3, spec=MINI) and tmp_path / "b"))
+    c = digest(Path(build_zoo(tmp_path / "c", seed=4, spec=MINI) and tmp_path / "c"))
     assert len(a) == 4 and a == b
     assert a != c
+
+
+def test_think_variant_builds_on_the_zoo_is_cached_and_follows_it(tmp_path):
+    """The optional RL-Think variant (a miniature here): its target and both heads in
+    `<zoo>/think`, loadable like the zoo's; reused while the zoo under it is the same,
+    rebuilt when that changes."""
+    from typer.testing import CliRunner
+
+    from specrl.cli import app
+    from specrl.zoo.think import ThinkSpec, build_think
+
+    think = ThinkSpec(corpus_size=64, sft_steps=2, sft_batch=8, rollouts=16, rollout_max_tokens=24)
+    root = tmp_path / "zoo"
+    manifest = build_think(root, spec=MINI, think=think)
+    assert set(manifest["models"]) == {"target", "eagle3-domain", "eagle3-generic"}
+    for name in manifest["models"]:
+        assert (root / "think" / name / "config.json").exists(), name
+    heads = json.loads((root / "think" / "eagle3-domain" / "config.json").read_text())
+    assert heads["architectures"] == ["LlamaForCausalLMEagle3"]
+    tuned = root / "think" / "target" / "model.safetensors"
+    assert tuned.read_bytes() != (root / "target" / "model.safetensors").read_bytes()
+    assert build_think(root, spec=MINI, think=think)["key"] == manifest["key"]
+    shown = CliRunner().invoke(app, ["zoo", "info", "--home", str(root)])
+    assert shown.exit_code == 0 and json.loads(shown.output)["think"]["key"] == manifest["key"]
+    other = build_think(root, spec=dataclasses.replace(MINI, draft_steps=1), think=think)
+    assert other["key"] != manifest["key"]  # the zoo under it changed: built again
+    assert not list(root.parent.glob(".*.building")) and not list(root.glob(".*.building"))

@@ -62,16 +62,23 @@ def test_unknown_speculator_is_refused():
 def test_draft_table_puts_the_adaptive_controller_beside_the_fixed_ks():
     from specrl.bench.draft import paper_table
 
-    def row(draft, k, speedup, adaptive="", k_at_c=None):
-        return {"init": "eagle3-domain", "draft": draft, "method": "eagle3", "k": k, "adaptive": adaptive,
-                "k_at_c": k if k_at_c is None else k_at_c, "concurrency": 1, "speedup_vs_ar": speedup,
-                "acceptance_length": 3.0}  # fmt: skip
+    def row(draft, k, speedup, adaptive="", k_at_c=None, task="rl-zero"):
+        return {"task": task, "init": "eagle3-domain", "draft": draft, "method": "eagle3", "k": k,
+                "adaptive": adaptive, "k_at_c": k if k_at_c is None else k_at_c, "concurrency": 1,
+                "speedup_vs_ar": speedup, "acceptance_length": 3.0}  # fmt: skip
 
     rows = [row("frozen", 3, 1.8), row("frozen", 7, 2.2), row("frozen", 7, 2.0, "learning", 7),
-            row("frozen", 7, 2.25, "learned", 6)]  # fmt: skip
-    table = paper_table(rows, [3, 7], 1).splitlines()
+            row("frozen", 7, 2.25, "learned", 6), row("frozen", 3, 1.1, task="rl-think")]  # fmt: skip
+    table = paper_table(rows, "rl-zero", [3, 7], 1).splitlines()
     assert table[0] == "| draft | k=3 | k=7 | adaptive (k<=7) |"
     assert table[2] == "| domain init, frozen | 1.80x (AL 3.00) | 2.20x (AL 3.00) | 2.25x (AL 3.00, k=6) |"
+    think = paper_table(rows, "rl-think", [3, 7], 1).splitlines()
+    assert think[2] == "| domain init, frozen | 1.10x (AL 3.00) |  |  |"
+
+
+def test_unknown_draft_bench_task_is_refused():
+    result = CliRunner().invoke(app, ["bench", "draft", "--tasks", "rl-zero,rl-hard"])
+    assert result.exit_code == 2 and "rl-hard" in result.output
 
 
 def test_adaptive_bench_measures_every_server_after_every_other_equally_often():

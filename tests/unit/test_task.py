@@ -1,3 +1,5 @@
+import pytest
+
 from specrl.zoo import task
 
 
@@ -22,3 +24,23 @@ def test_answer_extraction_is_robust():
     assert task.extract_answer("so it is 5 or maybe 6") == 6
     assert task.extract_answer("no digits") is None
     assert task.reward("The answer is 7", 7) == 1.0
+
+
+def test_reasoning_traces_are_correct_long_and_varied():
+    import random
+    import re
+
+    problems = task.take(400, seed=2, max_terms=2, max_operand=20)
+    traces = [task.reasoning_trace(p, random.Random(i)) for i, p in enumerate(problems)]
+    assert traces == [task.reasoning_trace(p, random.Random(i)) for i, p in enumerate(problems)]
+    for p, t in zip(problems, traces):
+        assert task.reward(t, p.answer) == 1.0 and t.endswith(".\n")
+        for a, op, b, c in re.findall(r"(-?\d+)([+-])(\d+)=(-?\d+)", t):  # every step and the check
+            assert int(a) + (int(b) if op == "+" else -int(b)) == int(c), t
+    mean = sum(map(len, traces)) / len(traces)
+    assert 3 * sum(len(p.solution) for p in problems) / len(problems) < mean < 160
+    assert len({t.split(".")[0] for t in traces}) >= 5  # openers drawn, not fixed
+    long = task.take(50, seed=3, min_terms=4, max_terms=4, max_operand=99)
+    assert all(task.reward(task.reasoning_trace(p, random.Random(0)), p.answer) == 1.0 for p in long)
+    with pytest.raises(ValueError, match="not a task prompt"):
+        task.reasoning_trace(task.Problem("What is 2+2?", 4, ""), random.Random(0))

@@ -98,7 +98,7 @@ def zoo_test_prompts(count: int, console: Console) -> list[str]:
     return [p.prompt for p in task.take(count, seed=99, split="test", **task_kwargs(ZooSpec()))]
 
 
-def closed_loop(address: str, prompts: list[str], concurrency: int) -> dict:
+def closed_loop(address: str, prompts: list[str], concurrency: int, max_tokens: int = MAX_TOKENS) -> dict:
     """Run `prompts` through `concurrency` client threads; totals and wall time."""
     lock = threading.Lock()
     queue = list(reversed(prompts))
@@ -113,7 +113,7 @@ def closed_loop(address: str, prompts: list[str], concurrency: int) -> dict:
                         return
                     prompt = queue.pop()
                 try:
-                    resp = c.generate([prompt], max_tokens=MAX_TOKENS, temperature=TEMPERATURE)
+                    resp = c.generate([prompt], max_tokens=max_tokens, temperature=TEMPERATURE)
                 except BaseException as e:  # reported after the threads join
                     errors.append(e)
                     return
@@ -210,12 +210,14 @@ def run_rollout_bench(
     return rows
 
 
-def passes(address: str, prompts: list[str], concurrency: int, k: int, adaptive: bool):
+def passes(
+    address: str, prompts: list[str], concurrency: int, k: int, adaptive: bool, max_tokens: int = MAX_TOKENS
+):
     """Measure `prompts` at `concurrency`: yields (phase, closed_loop result, k in force
     at that batch size). An adaptive server runs twice, and both are reported: while its
     controller learns this batch size ("learning"), then with what it learned ("learned")."""
     for phase in ("learning", "learned") if adaptive else ("",):
-        r = closed_loop(address, prompts, concurrency)
+        r = closed_loop(address, prompts, concurrency, max_tokens)
         yield phase, r, chosen_k(address, concurrency) if adaptive else k
 
 

@@ -80,7 +80,7 @@ def task_kwargs(spec: ZooSpec) -> dict:
 
 
 @contextmanager
-def _locked(root: Path):
+def locked(root: Path):
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f".{root.name}.lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -110,7 +110,7 @@ def build_zoo(
     spec = spec or ZooSpec()
     console = console or Console(stderr=True)
     key = spec.key(seed)
-    with _locked(root):
+    with locked(root):
         manifest = load_manifest(root)
         if manifest and manifest.get("key") == key and not force:
             return manifest
@@ -122,25 +122,32 @@ def build_zoo(
             )
         elif not force:
             console.print(f"building the tiny model zoo at {root} (once{took})")
-        tmp = root.parent / f".{root.name}.building"
-        key_file = tmp / "key"
-        if force or not key_file.exists() or key_file.read_text() != key:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            key_file.write_text(key)
-        manifest = _build(tmp, seed=seed, spec=spec, console=console)
-        manifest["key"] = key
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        old = root.parent / f".{root.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if root.exists():
-            root.rename(old)
-        tmp.rename(root)
-        shutil.rmtree(old, ignore_errors=True)
-        return manifest
+        return install(root, key, force, lambda tmp: _build(tmp, seed=seed, spec=spec, console=console))
 
 
-class _Stages:
+def install(dest: Path, key: str, force: bool, build: Callable[[Path], dict]) -> dict:
+    """Run `build` in a staging directory beside `dest` and rename the result into place,
+    so a crash never leaves a half-built directory; an interrupted build of the same key
+    resumes in its staging directory (its finished stages are kept). Call under `locked`."""
+    tmp = dest.parent / f".{dest.name}.building"
+    key_file = tmp / "key"
+    if force or not key_file.exists() or key_file.read_text() != key:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        key_file.write_text(key)
+    manifest = build(tmp)
+    manifest["key"] = key
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    old = dest.parent / f".{dest.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return manifest
+
+
+class Stages:
     """Runs named build stages once: a finished stage leaves `<name>.done.json` with its
     manifest entry, and a resumed build reuses it instead of running the stage again."""
 
@@ -175,15 +182,12 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from specrl.draft.aux_layers import default_aux_layer_ids
-    from specrl.draft.eagle3 import Eagle3Head
-    from specrl.draft.offline import capture, evaluate_head, train_head
-    from specrl.zoo import generic_text, task, tokenizer
+    from specrl.zoo import task, tokenizer
     from specrl.zoo.pretrain import train_causal_lm
-    from specrl.zoo.rollouts import accuracy, sample_completions
+    from specrl.zoo.rollouts import test_accuracy
 
     t_start = time.perf_counter()
-    stages = _Stages(out, console)
+    stages = Stages(out, console)
     tk = task_kwargs(spec)
     target_dir = out / "target"
     tokenizer.build(target_dir)
@@ -226,16 +230,12 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
         )
         model.save_pretrained(str(target_dir))
         test = task.take(256, seed=seed + 1, split="test", **tk)
-        greedy = accuracy(model, tok, test, temperature=0.0)
-        sampled = accuracy(model, tok, test, temperature=1.0, seed=seed)
+        acc = test_accuracy(model, tok, test, seed=seed, max_new_tokens=48)
         n_params = sum(p.numel() for p in model.parameters())
-        console.print(f"  [dim]target: test accuracy greedy {greedy:.2f}, sampled {sampled:.2f}[/dim]")
         return {
-            "summary": f"Qwen3 {n_params / 1e6:.1f}M params, test accuracy greedy {greedy:.2f} / "
-            f"sampled {sampled:.2f}",
+            "summary": f"Qwen3 {n_params / 1e6:.1f}M params, {accuracy_summary(acc, console)}",
             "params": n_params,
-            "test_accuracy_greedy": greedy,
-            "test_accuracy_sampled": sampled,
+            **acc,
         }
 
     models = {"target": stages.run("target", build_target)}
@@ -243,77 +243,14 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
 
     # -- target rollouts: the drafts' in-domain data ---------------------------------------
     prompts = [p.prompt for p in task.take(spec.rollouts, seed=seed + 2, **tk)]
-    rollouts_file = out / "rollouts.json"
-
-    def build_rollouts(progress: Progress) -> dict:
-        comps = sample_completions(
-            target, tok, prompts, max_new_tokens=spec.rollout_max_tokens, temperature=1.0, seed=seed
-        )
-        rollouts_file.write_text(json.dumps(comps))
-        console.print(f"  [dim]rollouts: {len(comps)} target samples[/dim]")
-        return {"count": len(comps)}
-
-    stages.run("rollouts", build_rollouts)
-    completions: list[list[int]] = json.loads(rollouts_file.read_text())
+    completions, _ = sample_rollouts(
+        stages, target, tok, prompts, max_new_tokens=spec.rollout_max_tokens, seed=seed
+    )
 
     # -- EAGLE-3 heads: domain init and generic init ---------------------------------------
-    aux_ids = default_aux_layer_ids(spec.num_layers)
-
-    def with_masks(prefixes: list[str], bodies: list[list[int]]) -> tuple[list, list]:
-        seqs, masks = [], []
-        for prefix, body in zip(prefixes, bodies):
-            pids = tok(prefix, add_special_tokens=False)["input_ids"] if prefix else []
-            seq = pids + body
-            start = max(0, len(pids) - 1)  # first target position that predicts the body
-            seqs.append(seq)
-            masks.append([0] * start + [1] * (len(seq) - 1 - start) + [0])
-        return seqs, masks
-
-    dom_seqs, dom_masks = with_masks(prompts, completions)
-    n_hold = min(max(64, len(dom_seqs) // 16), len(dom_seqs) // 2)  # held-out rollouts
-    generic = generic_text.corpus(spec.generic_texts, seed=seed + 3)
-    gen_ids = [tok(g, add_special_tokens=False)["input_ids"][: spec.generic_max_tokens] for g in generic]
-    gen_seqs, gen_masks = with_masks([""] * len(gen_ids), gen_ids)
-
-    def build_head(seqs: list, masks: list):
-        def run(progress: Progress) -> dict:
-            feats = capture(target, seqs, masks, aux_ids, pad_id=tok.eos_token_id)
-            torch.manual_seed(seed)
-            head = Eagle3Head.from_target(target, aux_ids)
-            train_head(
-                head,
-                feats.select,
-                len(feats.input_ids),
-                steps=spec.eagle_steps,
-                batch_size=spec.eagle_batch,
-                lr=spec.eagle_lr,
-                ttt_steps=spec.eagle_ttt_steps,
-                seed=seed,
-                progress=progress,
-            )
-            hold = capture(target, dom_seqs[:n_hold], dom_masks[:n_hold], aux_ids, pad_id=tok.eos_token_id)
-            agree = evaluate_head(head, hold, spec.eagle_ttt_steps)
-            return head, agree
-
-        return run
-
-    for name, seqs, masks in (
-        ("eagle3-domain", dom_seqs[n_hold:], dom_masks[n_hold:]),
-        ("eagle3-generic", gen_seqs, gen_masks),
-    ):
-        train = build_head(seqs, masks)
-
-        def build_eagle(progress: Progress, train=train, name=name) -> dict:
-            head, agree = train(progress)
-            head.save(out / name)
-            return {
-                "summary": f"EAGLE-3 head, aux layers {list(aux_ids)}, held-out top-1 agreement "
-                + "/".join(f"{a:.2f}" for a in agree),
-                "aux_layer_ids": list(aux_ids),
-                "heldout_top1_agreement": agree,
-            }
-
-        models[name] = stages.run(name, build_eagle)
+    models |= build_eagle_heads(
+        stages, out, target, tok, spec, seed=seed, prompts=prompts, completions=completions
+    )
 
     # -- external draft model (same tokenizer, fewer layers) -------------------------------
     def build_draft(progress: Progress) -> dict:
@@ -346,3 +283,110 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
         "models": models,
         "seconds": round(time.perf_counter() - t_start, 1),
     }
+
+
+def accuracy_summary(acc: dict[str, float], console: Console) -> str:
+    """Print a target's test accuracy (`rollouts.test_accuracy`); its manifest summary."""
+    text = (
+        f"test accuracy greedy {acc['test_accuracy_greedy']:.2f} / sampled {acc['test_accuracy_sampled']:.2f}"
+    )
+    console.print(f"  [dim]target: {text}[/dim]")
+    return text
+
+
+def sample_rollouts(
+    stages: Stages, target, tok, prompts: list[str], *, max_new_tokens: int, seed: int
+) -> tuple[list[list[int]], dict]:
+    """The target's completions of `prompts` at temperature 1 (the drafts' in-domain
+    data), as the build stage `rollouts`: token ids per prompt, and the stage's entry."""
+    from specrl.zoo.rollouts import sample_completions
+
+    path = stages.out / "rollouts.json"
+
+    def run(progress: Progress) -> dict:
+        comps = sample_completions(
+            target, tok, prompts, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed
+        )
+        path.write_text(json.dumps(comps))
+        mean = sum(map(len, comps)) / len(comps)
+        stages.console.print(
+            f"  [dim]rollouts: {len(comps)} target samples, {mean:.0f} tokens on average[/dim]"
+        )
+        return {"count": len(comps), "mean_tokens": round(mean, 1)}
+
+    info = stages.run("rollouts", run)
+    return json.loads(path.read_text()), info
+
+
+def build_eagle_heads(
+    stages: Stages,
+    out: Path,
+    target,
+    tok,
+    spec: ZooSpec,
+    *,
+    seed: int,
+    prompts: list[str],
+    completions: list[list[int]],
+) -> dict:
+    """The two EAGLE-3 heads of one target, as build stages: `eagle3-domain` trained on the
+    target's own completions of task prompts (a held-out share kept for the agreement
+    figure), `eagle3-generic` on generic text the target never saw in its domain; both
+    scored on the same held-out completions. Returns their manifest entries."""
+    import torch
+
+    from specrl.draft.aux_layers import default_aux_layer_ids
+    from specrl.draft.eagle3 import Eagle3Head
+    from specrl.draft.offline import capture, evaluate_head, train_head
+    from specrl.zoo import generic_text
+
+    aux_ids = default_aux_layer_ids(target.config.num_hidden_layers)
+
+    def with_masks(prefixes: list[str], bodies: list[list[int]]) -> tuple[list, list]:
+        seqs, masks = [], []
+        for prefix, body in zip(prefixes, bodies):
+            pids = tok(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+            seq = pids + body
+            start = max(0, len(pids) - 1)  # first target position that predicts the body
+            seqs.append(seq)
+            masks.append([0] * start + [1] * (len(seq) - 1 - start) + [0])
+        return seqs, masks
+
+    dom_seqs, dom_masks = with_masks(prompts, completions)
+    n_hold = min(max(64, len(dom_seqs) // 16), len(dom_seqs) // 2)  # held-out rollouts
+    generic = generic_text.corpus(spec.generic_texts, seed=seed + 3)
+    gen_ids = [tok(g, add_special_tokens=False)["input_ids"][: spec.generic_max_tokens] for g in generic]
+    gen_seqs, gen_masks = with_masks([""] * len(gen_ids), gen_ids)
+    models = {}
+    for name, seqs, masks in (
+        ("eagle3-domain", dom_seqs[n_hold:], dom_masks[n_hold:]),
+        ("eagle3-generic", gen_seqs, gen_masks),
+    ):
+
+        def build_eagle(progress: Progress, seqs=seqs, masks=masks, name=name) -> dict:
+            feats = capture(target, seqs, masks, aux_ids, pad_id=tok.eos_token_id)
+            torch.manual_seed(seed)
+            head = Eagle3Head.from_target(target, aux_ids)
+            train_head(
+                head,
+                feats.select,
+                len(feats.input_ids),
+                steps=spec.eagle_steps,
+                batch_size=spec.eagle_batch,
+                lr=spec.eagle_lr,
+                ttt_steps=spec.eagle_ttt_steps,
+                seed=seed,
+                progress=progress,
+            )
+            hold = capture(target, dom_seqs[:n_hold], dom_masks[:n_hold], aux_ids, pad_id=tok.eos_token_id)
+            agree = evaluate_head(head, hold, spec.eagle_ttt_steps)
+            head.save(out / name)
+            return {
+                "summary": f"EAGLE-3 head, aux layers {list(aux_ids)}, held-out top-1 agreement "
+                + "/".join(f"{a:.2f}" for a in agree),
+                "aux_layer_ids": list(aux_ids),
+                "heldout_top1_agreement": agree,
+            }
+
+        models[name] = stages.run(name, build_eagle)
+    return models

@@ -71,3 +71,22 @@ def accuracy(
     )
     texts = tok.batch_decode(comps, skip_special_tokens=True)
     return sum(reward(t, p.answer) for t, p in zip(texts, problems)) / len(problems)
+
+
+def test_accuracy(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    *,
+    seed: int,
+    max_new_tokens: int,
+) -> dict[str, float]:
+    """The manifest's accuracy figures: greedy and sampled at temperature 1."""
+    return {
+        "test_accuracy_greedy": accuracy(
+            model, tok, problems, temperature=0.0, max_new_tokens=max_new_tokens
+        ),
+        "test_accuracy_sampled": accuracy(
+            model, tok, problems, temperature=1.0, seed=seed, max_new_tokens=max_new_tokens
+        ),
+    }

@@ -31,6 +31,23 @@ class Problem:
     solution: str  # a correct worked solution (the pretraining corpus), ends with a newline
 
 
+# Wording of the reasoning traces (`reasoning_trace`): one of each is drawn per trace, so
+# a model trained on them is uncertain at these points and certain in the arithmetic.
+_OPENERS = (
+    "Let me think.",
+    "Let's see.",
+    "Think step by step.",
+    "Okay, one step at a time.",
+    "Hmm, let me work it out.",
+    "First, the direct way.",
+)
+_AGAIN = ("Check it another way:", "Now verify:", "Let me double-check:", "To be sure:")
+_SPLITS = ("take {t} as {parts}.", "split {t} into {parts}.", "write {t} as {parts}.", "{t} is {parts}.")
+_CONFIRMS = ("Same result, good.", "It matches.", "Both agree.", "Correct.")
+_EXPRESSION_RE = re.compile(r"Q: (.+)=\?")
+_TERM_RE = re.compile(r"([+-]?)(\d+)")
+
+
 def _test_split(expression: str) -> bool:
     # The split is a pure function of the problem, so train and test never share one,
     # whatever the seed or the order of generation.
@@ -82,6 +99,39 @@ def extract_answer(completion: str) -> int | None:
         return int(m.group(1))
     ints = _LAST_INT_RE.findall(completion)
     return int(ints[-1]) if ints else None
+
+
+def reasoning_trace(problem: Problem, rng: random.Random) -> str:
+    """A worked solution that thinks out loud, about 3-4x as long as `problem.solution`:
+    the solution's steps, then the last step again with its operand split into random
+    parts and taken part by part, a confirmation, and the answer; the wording is drawn from
+    small sets. The "RL-Think" regime of the zoo: a model fine-tuned on these writes long
+    traces whose phrasing and splits are uncertain (hard to draft) between stretches of
+    forced arithmetic (easy to draft), where RL-Zero answers are short and rigid. The
+    answer comes first and is checked after, so the traces need no more arithmetic skill
+    than the short solutions do (a model that had to reach its answer through the split
+    parts scored 0.05-0.08 after 300 fine-tuning steps; docs/design.md)."""
+    m = _EXPRESSION_RE.match(problem.prompt)
+    if m is None:
+        raise ValueError(f"not a task prompt: {problem.prompt!r}")
+    (_, first), *rest = _TERM_RE.findall(m.group(1))
+    acc, steps = int(first), []
+    for op, t in rest:
+        before, acc = acc, acc + int(t) if op == "+" else acc - int(t)
+        steps.append(f"{before}{op}{t}={acc}")
+    op, n = rest[-1][0], int(rest[-1][1])  # the last step, again by parts
+    cuts = sorted(rng.sample(range(1, n), min(rng.randint(1, 2), n - 1)))
+    parts = [b - a for a, b in zip([0, *cuts], [*cuts, n])]
+    words = [rng.choice(_OPENERS), "; ".join(steps) + ".", rng.choice(_AGAIN)]
+    if len(parts) > 1:
+        words.append(rng.choice(_SPLITS).format(t=n, parts="+".join(map(str, parts))))
+    x, sums = before, []
+    for part in parts:
+        y = x + part if op == "+" else x - part
+        sums.append(f"{x}{op}{part}={y}")
+        x = y
+    words += [", ".join(sums) + ".", rng.choice(_CONFIRMS)]
+    return " " + " ".join(words) + f" {ANSWER_PREFIX}{acc}.\n"
 
 
 def reward(completion: str, answer: int) -> float:
