@@ -474,6 +474,44 @@ def simulate_validate(
     run_validate(out, console)
 
 
+@simulate_app.command("calibrate")
+def simulate_calibrate(
+    rollout: Path = typer.Option(Path("docs/bench/rollout.json"), help="`specrl bench rollout` JSON."),
+    step: Path = typer.Option(Path("docs/bench/step.json"), help="`specrl bench step` JSON."),
+    hardware: str = typer.Option(
+        "cpu-testbed", help="The machine both ran on (its row of the hardware table)."
+    ),
+    out: Path = typer.Option(
+        None, help="Write the fitted constants and fit errors as JSON (for plan --calibration)."
+    ),
+) -> None:
+    """Fit the model's free constants to your own benchmark runs and show the fit error."""
+    import json
+
+    from specrl.bench.report import print_table
+    from specrl.sim import SimError
+    from specrl.sim.calibrate import calibrate
+    from specrl.sim.hardware import get_hardware
+
+    try:
+        get_hardware(hardware)
+        report = calibrate(rollout, step, hardware)
+    except (SimError, ValueError) as e:
+        _fail(str(e))
+    rows = [{"constant": k, "value": v} for k, v in report["constants"].items()]
+    print_table(rows, ("constant", "value"), f"fitted on {report['hardware']} ({report['model']})", console)
+    for name in ("decode_fit", "trainer_fit", "generation_check"):
+        fit = report[name]
+        console.print(
+            f"{name}: {fit['points']} points, rms rel error {fit['rms_rel_error']:.1%}, "
+            f"max {fit['max_abs_rel_error']:.1%}"
+        )
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {out}")
+
+
 @simulate_app.command("plan")
 def simulate_plan(
     model: str = typer.Option(..., help="Model shape (qwen3-8b, qwen3-32b, qwen3-235b-a22b, ...)."),
@@ -481,28 +519,40 @@ def simulate_plan(
     hardware: str = typer.Option("gb200", help="Accelerator (h100, h200, b200, gb200)."),
     lag: int = typer.Option(None, min=0, max=8, help="Fix the policy lag (default: search 0, 1, 2)."),
     k: int = typer.Option(None, min=0, max=16, help="Fix the draft length (default: search 0-7)."),
-    acceptance_length: float = typer.Option(3.0, help="EAGLE-3 acceptance length at k=3 (geometric)."),
+    acceptance_length: float = typer.Option(
+        None, help="EAGLE-3 acceptance length at k=3, spread geometrically over positions (default 3.0)."
+    ),
+    acceptance: str = typer.Option(
+        None,
+        help="EAGLE-3 conditional acceptance per draft position, comma-separated (e.g. 0.9,0.8,0.7, as "
+        "vLLM's per-position counters give it); the last value extends to longer drafts.",
+    ),
     prompts: int = typer.Option(512, min=1, help="Prompts per RL step."),
     group_size: int = typer.Option(16, min=1, help="Samples per prompt."),
     response_mean: float = typer.Option(1500, help="Mean response tokens (lognormal, sigma 1)."),
     max_response: int = typer.Option(20480, help="Response length cap."),
+    calibration: Path = typer.Option(
+        None, help="Constants from `specrl simulate calibrate --out` (default: the GPU priors)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """Search the generation/training split, GPUs per replica, k and lag for the fastest step."""
     import json
 
     from specrl.sim import SimError
+    from specrl.sim.calibrate import load_calibration
     from specrl.sim.hardware import GPU_EFFICIENCY, get_hardware
     from specrl.sim.models import get_model
     from specrl.sim.planner import plan
-    from specrl.sim.speculation import Speculation
+    from specrl.sim.speculation import parse_acceptance
     from specrl.sim.step import Workload
 
     try:
+        hw = get_hardware(hardware)
         chosen = plan(
             model=get_model(model),
-            hw=get_hardware(hardware),
-            eff=GPU_EFFICIENCY,
+            hw=hw,
+            eff=load_calibration(calibration, hw.name) if calibration else GPU_EFFICIENCY,
             workload=Workload(
                 prompts_per_step=prompts,
                 group_size=group_size,
@@ -512,7 +562,7 @@ def simulate_plan(
                 max_response_tokens=max_response,
             ),
             gpus=gpus,
-            draft=Speculation.from_acceptance_length("eagle3", 3, acceptance_length),
+            draft=parse_acceptance("eagle3", acceptance, acceptance_length),
             ks=(k,) if k is not None else tuple(range(8)),
             lags=(lag,) if lag is not None else (0, 1, 2),
         )

@@ -7,11 +7,15 @@ so it is where the model's functional form is tested:
      not count the steps that drafted nothing) is predicted from the zoo model's shape
      with four free constants (compute efficiency, per-step, per-draft-forward and
      per-token overheads), fitted by least squares on log(predicted / measured);
-  2. trainer: one constant (MFU) fitted to the logprob and train times of the
-     synchronous `specrl bench step` rows;
+  2. trainer: two constants, the MFU of the forward-only logprob pass and of the
+     training pass, fitted to the logprob and train times of the synchronous
+     `specrl bench step` rows;
   3. an out-of-sample check: those rows' generation time, predicted by the step model
      with the constants of (1) and the step's own workload.
-GPU constants are not fitted here (no GPU run of specrl exists yet; docs/simulator.md)."""
+The benchmarks serve the zoo, so the model is the zoo target; the hardware is the machine
+they ran on (`specrl simulate calibrate --hardware`). GPU constants are priors until
+someone runs the two benchmarks on a GPU and calibrates on them (docs/simulator.md);
+`specrl simulate plan --calibration` plans with fitted constants on their hardware."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from specrl.sim.decode import Replica
+from specrl.sim.errors import SimError
 from specrl.sim.hardware import Efficiency, get_hardware
 from specrl.sim.models import get_model
 from specrl.sim.speculation import Speculation
@@ -31,8 +36,11 @@ from specrl.sim.step import Layout, Workload, simulate_step
 DOCS_BENCH = Path(__file__).resolve().parents[3] / "docs" / "bench"
 TESTBED = "cpu-testbed"
 TARGET = "zoo-target"
-PROMPT_TOKENS = 14  # "Q: a+b*c=?\nA:" in the zoo's character-level tokenizer
+# "Q: 16+18=?\nA:": the zoo task's prompts (one operation, build 3) average 12.0
+# characters, which are its tokens
+PROMPT_TOKENS = 12
 DECODE_FIT = ("compute_eff", "step_overhead_s", "draft_overhead_s", "token_overhead_s")
+TRAINER_FIT = ("logprob_mfu", "train_mfu")
 METHODS = {"ar": "none", "eagle3": "eagle3", "draft_model": "draft_model"}
 # The step benchmark's job (examples/tiny-rl-zero.yaml): 32 prompts x 8, <= 48 tokens,
 # 16 concurrent Generate calls of one group each (128 sequences in flight), 2 epochs.
@@ -75,10 +83,15 @@ def _rel(predicted: float, measured: float) -> float:
     return round(float(predicted) / measured - 1, 4)
 
 
-def fit_decode(rows: list[dict]) -> Fit:
+def fit_decode(rows: list[dict], hardware: str = TESTBED) -> Fit:
     """Fit the four decode constants to the rollout benchmark's per-step costs."""
-    hw, target = get_hardware(TESTBED), get_model(TARGET)
+    hw, target = get_hardware(hardware), get_model(TARGET)
     points = [r for r in rows if r["method"] in METHODS and r.get("ms_per_engine_step")]
+    if len(points) < len(DECODE_FIT):
+        raise SimError(
+            f"the rollout benchmark has {len(points)} rows with a per-step cost (methods "
+            f"{', '.join(METHODS)}); fitting {len(DECODE_FIT)} constants needs at least as many"
+        )
     # mean context over a response: the prompt plus half the response
     contexts = [PROMPT_TOKENS + r["tokens"] / r["requests"] / 2 for r in points]
     specs = [_speculation(r) for r in points]
@@ -118,14 +131,16 @@ def _step_workload(record: dict) -> Workload:
     )
 
 
-def fit_trainer(step_bench: dict, decode: Efficiency) -> tuple[Fit, Fit]:
-    """Fit the trainer MFU to the synchronous step rows; the second Fit is the check of
-    their generation time, predicted (not fitted) with the decode constants."""
-    hw, target = get_hardware(TESTBED), get_model(TARGET)
+def fit_trainer(step_bench: dict, decode: Efficiency, hardware: str = TESTBED) -> tuple[Fit, Fit]:
+    """Fit the logprob and training MFUs to the synchronous step rows; the second Fit is
+    the check of their generation time, predicted (not fitted) with the decode constants."""
+    hw, target = get_hardware(hardware), get_model(TARGET)
     sync = [r for r in step_bench["rows"] if r["max_lag"] == 0]
+    if not sync:
+        raise SimError("the step benchmark has no synchronous rows (max_lag 0) to fit the trainer to")
     layout = Layout(gen_gpus=1, train_gpus=1, colocated=True, max_num_seqs=STEP_SLOTS)
 
-    def simulate(row: dict, mfu: float) -> dict[str, float]:
+    def simulate(row: dict, mfus: dict[str, float]) -> dict[str, float]:
         spec = (
             Speculation()
             if row["config"] == "ar"
@@ -134,7 +149,7 @@ def fit_trainer(step_bench: dict, decode: Efficiency) -> tuple[Fit, Fit]:
         result = simulate_step(
             model=target,
             hw=hw,
-            eff=decode.model_copy(update={"train_mfu": mfu}),
+            eff=decode.model_copy(update=mfus),
             workload=_step_workload(step_bench["steps"][row["config"]]),
             layout=layout,
             speculation=spec,
@@ -144,14 +159,16 @@ def fit_trainer(step_bench: dict, decode: Efficiency) -> tuple[Fit, Fit]:
     def residuals(x: np.ndarray) -> list[float]:
         out = []
         for row in sync:
-            sim = simulate(row, float(x[0]))
+            sim = simulate(row, dict(zip(TRAINER_FIT, map(float, x))))
             out += [np.log(sim[f"{s}_s"] / row[f"{s}_s"]) for s in ("logprob", "train")]
         return out
 
-    mfu = float(least_squares(residuals, [0.1], bounds=([1e-4], [1.0]), x_scale=[0.1]).x[0])
+    start = [0.1] * len(TRAINER_FIT)
+    x = least_squares(residuals, start, bounds=([1e-4] * len(start), [1.0] * len(start)), x_scale=start).x
+    mfus = dict(zip(TRAINER_FIT, map(float, x)))
     fitted, checks = [], []
     for row in sync:
-        sim = simulate(row, mfu)
+        sim = simulate(row, mfus)
         for stage in ("logprob", "train", "gen"):
             measured = row[f"{stage}_s"]
             point = {"config": row["config"], "stage": stage, "measured_s": measured}
@@ -160,21 +177,67 @@ def fit_trainer(step_bench: dict, decode: Efficiency) -> tuple[Fit, Fit]:
                 "rel_error": _rel(sim[f"{stage}_s"], measured),
             }
             (checks if stage == "gen" else fitted).append(point)
-    return Fit(decode.model_copy(update={"train_mfu": mfu}), fitted), Fit(decode, checks)
+    return Fit(decode.model_copy(update=mfus), fitted), Fit(decode, checks)
 
 
-def calibrate(bench_dir: Path = DOCS_BENCH) -> dict:
-    """Both fits from the committed benchmark JSON, as one report."""
-    rollout = json.loads((bench_dir / "rollout.json").read_text())
-    step_bench = json.loads((bench_dir / "step.json").read_text())
-    decode = fit_decode(rollout["rows"])
-    trainer, generation = fit_trainer(step_bench, decode.efficiency)
-    constants = trainer.efficiency.model_dump(include={*DECODE_FIT, "train_mfu"})
+def _bench_rows(path: Path, command: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SimError(f"{path}: no such file (write it with `{command} --out {path}`)") from None
+    except json.JSONDecodeError as e:
+        raise SimError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise SimError(f"{path}: not the JSON of `{command}` (no 'rows' list)")
+    return data
+
+
+def calibrate(
+    rollout: Path = DOCS_BENCH / "rollout.json",
+    step: Path = DOCS_BENCH / "step.json",
+    hardware: str = TESTBED,
+) -> dict:
+    """Both fits from the JSON of `specrl bench rollout` and `specrl bench step` (the
+    committed ones by default), run on `hardware`, as one report."""
+    rollout_bench = _bench_rows(rollout, "specrl bench rollout")
+    step_bench = _bench_rows(step, "specrl bench step")
+    try:
+        decode = fit_decode(rollout_bench["rows"], hardware)
+        trainer, generation = fit_trainer(step_bench, decode.efficiency, hardware)
+    except KeyError as e:
+        raise SimError(
+            f"a benchmark row lacks the field {e}: is the JSON from this version of specrl?"
+        ) from None
+    constants = trainer.efficiency.model_dump(include={*DECODE_FIT, *TRAINER_FIT})
     return {
-        "hardware": TESTBED,
+        "hardware": hardware,
         "model": TARGET,
         "constants": {k: float(f"{v:.4g}") for k, v in constants.items()},
         "decode_fit": {**decode.summary(), "rows": decode.rows},
         "trainer_fit": {**trainer.summary(), "rows": trainer.rows},
         "generation_check": {**generation.summary(), "rows": generation.rows},
     }
+
+
+def load_calibration(path: Path, hardware: str) -> Efficiency:
+    """The constants a `specrl simulate calibrate --out` file fitted (the rest at their
+    defaults, as in the fit), for planning on the hardware they were fitted on: fitted
+    constants do not transfer to other hardware."""
+    try:
+        report = json.loads(path.read_text())
+        fitted, on = report["constants"], report["hardware"]
+    except FileNotFoundError:
+        raise SimError(
+            f"{path}: no such file (write it with `specrl simulate calibrate --out {path}`)"
+        ) from None
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise SimError(f"{path}: not the JSON of `specrl simulate calibrate --out`") from None
+    if on.lower() != hardware.lower():
+        raise SimError(
+            f"{path} was fitted on {on}, not {hardware}: fitted constants do not transfer across "
+            f"hardware (plan on {on}, or calibrate on benchmarks run on {hardware})"
+        )
+    unknown = sorted(set(fitted) - set(Efficiency.model_fields))
+    if unknown:
+        raise SimError(f"{path}: unknown constants {', '.join(unknown)}")
+    return Efficiency(**fitted)

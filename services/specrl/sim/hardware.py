@@ -39,7 +39,10 @@ class Efficiency(BaseModel):
 
     mem_eff: float = Field(0.8, gt=0, le=1, description="achieved / peak memory bandwidth in decode")
     compute_eff: float = Field(0.6, gt=0, le=1, description="achieved / peak FLOP/s in decode GEMMs")
-    train_mfu: float = Field(0.4, gt=0, le=1, description="model FLOPs utilization of logprob and train")
+    logprob_mfu: float = Field(
+        0.4, gt=0, le=1, description="model FLOPs utilization of logprob recomputation"
+    )
+    train_mfu: float = Field(0.4, gt=0, le=1, description="model FLOPs utilization of the training pass")
     step_overhead_s: float = Field(
         2e-3, ge=0, description="fixed cost of one engine step (scheduler, sampler)"
     )

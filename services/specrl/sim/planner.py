@@ -7,6 +7,7 @@ are disaggregated; the baseline beside each plan is the same layout with AR sync
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,12 +21,13 @@ from specrl.sim.step import Layout, StepResult, Workload, simulate_step
 MAX_SPLITS = 32  # generation GPU counts tried (evenly spaced when there are more)
 REPRESENTATIVES = 64  # length quantiles per simulated batch: coarser than validation, 4x faster
 TP_CHOICES = (1, 2, 4, 8, 16)
+TIE = 1e-3  # steps this close to the fastest count as equally fast
 
 
 @dataclass(frozen=True)
 class Plan:
     """The chosen layout and speculation, its step, and the fastest AR sync step on the
-    same GPUs (what the plan replaces)."""
+    same GPUs (what the plan replaces), for the workload it was planned for."""
 
     layout: Layout
     speculation: Speculation
@@ -33,6 +35,7 @@ class Plan:
     result: StepResult
     baseline: StepResult
     gpus_per_node: int
+    workload: Workload
 
     @property
     def speedup(self) -> float:
@@ -53,10 +56,14 @@ class Plan:
 
     def helm_values(self) -> str:
         """The values of deploy/helm/specrl that deploy this plan: rollout replicas (each
-        across several pods when its tensor-parallel group outgrows a node), trainer
-        nodes x processes."""
-        per_node = min(self.gpus_per_node, self.layout.train_gpus)
-        tp = self.layout.gen_tp
+        across several pods when its tensor-parallel group outgrows a node) with the
+        engine's sequence cap and length the model assumed, trainer nodes x processes, and
+        the workload it was planned for (batch, group, length cap; enough Generate calls
+        in flight per replica to fill its sequence slots)."""
+        layout, work = self.layout, self.workload
+        per_node = min(self.gpus_per_node, layout.train_gpus)
+        dp = trainer_dp(layout.train_gpus, self.gpus_per_node)
+        tp = layout.gen_tp
         pods = max(1, tp // self.gpus_per_node)
         if self.speculation.k == 0:
             speculation = "      method: none\n      draft: null\n"
@@ -65,22 +72,30 @@ class Plan:
             speculation += f"      num_speculative_tokens: {self.speculation.k}\n"
         return (
             "rollout:\n"
-            f"  replicas: {self.layout.replicas}\n"
+            f"  replicas: {layout.replicas}\n"
             f"  gpusPerReplica: {tp}\n" + (f"  podsPerReplica: {pods}\n" if pods > 1 else "") + "  config:\n"
             "    engine:\n"
             f"      tensor_parallel_size: {tp}\n"
+            f"      max_num_seqs: {layout.max_num_seqs}\n"
+            f"      max_model_len: {work.prompt_tokens + work.max_response_tokens}\n"
             "    speculation:\n" + speculation + "trainer:\n"
-            f"  nodes: {self.layout.train_gpus // per_node}\n"
+            f"  nodes: {dp}\n"
             f"  procsPerNode: {per_node}\n"
             f"  gpusPerNode: {per_node}\n"
             "  config:\n"
             "    trainer:  # tensor parallel inside a node, data parallel across nodes\n"
             f"      tp: {per_node}\n"
-            f"      dp: {self.layout.train_gpus // per_node}\n"
+            f"      dp: {dp}\n"
             "orchestrator:\n"
             "  config:\n"
+            "    data:\n"
+            f"      prompts_per_step: {work.prompts_per_step}\n"
+            "    sampling:\n"
+            f'      "n": {work.group_size}\n'
+            f"      max_tokens: {work.max_response_tokens}\n"
             "    orchestrator:\n"
             f"      max_lag: {self.lag}\n"
+            f"      concurrency: {math.ceil(layout.max_num_seqs / work.group_size)}  # groups per replica\n"
         )
 
     def as_dict(self) -> dict:
@@ -93,12 +108,21 @@ class Plan:
             "step": self.result.as_dict(),
             "baseline_best_ar_sync": self.baseline.as_dict(),
             "speedup_vs_ar_sync": round(self.speedup, 3),
+            "workload": self.workload.model_dump(),
             "helm_values": self.helm_values(),
         }
 
 
-def _gen_counts(total: int, unit: int) -> list[int]:
-    counts = list(range(unit, total, unit))
+def trainer_dp(train_gpus: int, gpus_per_node: int) -> int:
+    """The trainer's data-parallel size: tensor parallel inside a node, a replica per node."""
+    return train_gpus // min(gpus_per_node, train_gpus)
+
+
+def _gen_counts(total: int, unit: int, gpus_per_node: int, samples: int) -> list[int]:
+    """Generation GPU counts to try: multiples of `unit` whose remaining training GPUs give
+    a trainer dp that divides the batch (the trainer refuses a batch its ranks cannot
+    share), at most MAX_SPLITS of them, evenly spaced."""
+    counts = [g for g in range(unit, total, unit) if samples % trainer_dp(total - g, gpus_per_node) == 0]
     if len(counts) > MAX_SPLITS:
         counts = sorted({counts[int(i)] for i in np.linspace(0, len(counts) - 1, MAX_SPLITS)})
     return counts
@@ -141,7 +165,13 @@ def plan(
 
     candidates: list[tuple[Layout, Speculation, int, StepResult]] = []
     for tp in (t for t in TP_CHOICES if t <= hw.nvlink_domain):
-        for gen in _gen_counts(gpus, int(np.lcm(tp, hw.gpus_per_node))):
+        gens = _gen_counts(gpus, int(np.lcm(tp, hw.gpus_per_node)), hw.gpus_per_node, workload.samples)
+        if not gens:
+            reasons.add(
+                f"with {tp} GPUs per replica, no split leaves a trainer dp (training nodes) that divides "
+                f"the {workload.samples} samples per step"
+            )
+        for gen in gens:
             layout = Layout(gen_gpus=gen, train_gpus=gpus - gen, gen_tp=tp)
             for spec in (draft.with_k(k) for k in sorted({0, *ks})):
                 for lag in sorted({0, *lags}):
@@ -154,5 +184,10 @@ def plan(
     allowed = [c for c in candidates if c[1].k in ks and c[2] in lags]
     if baseline is None or not allowed:
         raise SimError(f"no layout of {gpus} x {hw.name} fits {model.name}: " + "; ".join(sorted(reasons)))
-    layout, spec, lag, result = min(allowed, key=lambda c: c[3].step_s)
-    return Plan(layout, spec, lag, result, baseline, hw.gpus_per_node)
+    fastest = min(c[3].step_s for c in allowed)
+    # ties (within TIE of the fastest step, e.g. every k and TP once generation hides
+    # behind training) go to the fewest GPUs per replica (no replica spanning pods where
+    # none is needed), then to the fastest generation (the most headroom for the tail)
+    tied = [c for c in allowed if c[3].step_s <= fastest * (1 + TIE)]
+    layout, spec, lag, result = min(tied, key=lambda c: (c[0].gen_tp, c[3].gen_s))
+    return Plan(layout, spec, lag, result, baseline, hw.gpus_per_node, workload)

@@ -78,6 +78,28 @@ class Speculation(BaseModel):
         return None
 
 
+def parse_acceptance(
+    method: Method, per_position: str | None, length: float | None, k: int = 3
+) -> Speculation:
+    """A draft from a user's inputs: conditional acceptance per position ("0.9,0.8,0.7", as
+    vLLM's per-position counters measure it) or an acceptance length at draft length `k`
+    (spread geometrically), not both; neither: acceptance length 3 at k=3 (the only
+    EAGLE-3 value the paper states)."""
+    if per_position is not None and length is not None:
+        raise SimError("give per-position acceptance or an acceptance length, not both")
+    if per_position is None:
+        return Speculation.from_acceptance_length(method, k, 3.0 if length is None else length)
+    try:
+        values = tuple(float(v) for v in per_position.split(","))
+    except ValueError:
+        raise SimError(
+            f"per-position acceptance must be comma-separated numbers, got {per_position!r}"
+        ) from None
+    if len(values) > MAX_K:
+        raise SimError(f"per-position acceptance has {len(values)} values; drafts are at most {MAX_K} long")
+    return Speculation(method=method, k=len(values), acceptance=values)
+
+
 def acceptance_length(acceptance: tuple[float, ...] | list[float]) -> float:
     """1 + expected accepted draft tokens per verification step."""
     return 1.0 + float(np.sum(np.cumprod(np.asarray(acceptance, dtype=float))))

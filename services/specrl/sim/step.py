@@ -1,8 +1,10 @@
 """One RL step: data, weight sync, generation, logprob recomputation and the policy update,
 synchronous or asynchronous with a policy-lag bound, on a given layout.
 
-  logprob = passes * N_tok * F(c) / (G_train * peak * mfu)
-  train   = epochs * 3 * N_tok * F(c) / (G_train * peak * mfu)   (forward + backward = 3x)
+  logprob = passes * N_tok * F(c) / (G_train * peak * logprob_mfu)
+  train   = epochs * 3 * N_tok * F(c) / (G_train * peak * train_mfu)   (forward + backward = 3x)
+(two MFUs: a forward-only pass and a training pass run different kernels and batch shapes;
+on specrl's CPU trainer the forward-only pass measured about half as efficient)
   sync    = (policy + draft) weight bytes / TP / link bandwidth + fixed overhead
             (link: NVLink when training and generation share GPUs, the NIC otherwise)
 where F(c) is forward FLOPs per token (2 x active params + attention at mean context c).
@@ -158,6 +160,8 @@ def simulate_step(
         raise SimError("asynchronous RL (lag >= 1) needs separate generation and training GPUs")
     check_trainer_fits(model, hw, workload, layout.train_gpus)
     replica = Replica(model, hw, eff, layout.gen_tp, speculation, layout.max_num_seqs)
+    # the longest response must fit beside the weights (slots are counted at the mean length)
+    replica.kv_slots(workload.prompt_tokens + workload.max_response_tokens)
 
     in_flight = max(lag, 1)
     lengths = workload.response_lengths(representatives)
@@ -167,9 +171,9 @@ def simulate_step(
 
     tokens = workload.samples * (workload.prompt_tokens + float(lengths.mean()))
     context = (workload.prompt_tokens + float(lengths.mean())) / 2
-    forward_s = tokens * model.flops_per_token(context) / (layout.train_gpus * hw.peak_flops * eff.train_mfu)
-    logprob_s = workload.logprob_passes * forward_s
-    train_s = workload.epochs * 3 * forward_s
+    forward_flops = tokens * model.flops_per_token(context) / (layout.train_gpus * hw.peak_flops)
+    logprob_s = workload.logprob_passes * forward_flops / eff.logprob_mfu
+    train_s = workload.epochs * 3 * forward_flops / eff.train_mfu
 
     link = hw.nvlink_bw if layout.colocated else hw.network_bw
     sync_s = replica.weight_bytes / layout.gen_tp / link + eff.sync_overhead_s  # policy + draft
