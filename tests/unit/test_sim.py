@@ -23,6 +23,7 @@ from specrl.sim.planner import plan
 from specrl.sim.report import validation_markdown
 from specrl.sim.speculation import Speculation, acceptance_length, parse_acceptance
 from specrl.sim.step import Layout, Workload, simulate_step
+from specrl.sim.train import trainer_seconds
 from specrl.sim.validate import validation_table
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
@@ -339,3 +340,84 @@ def test_calibrate_refuses_files_that_are_not_benchmark_json(tmp_path):
         assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
     with pytest.raises(SimError, match="not the JSON of `specrl simulate calibrate"):
         load_calibration(bogus, "cpu-testbed")
+
+
+def test_pipeline_stages_divide_compute_but_not_weight_reads():
+    one = Replica(QWEN3_8B, H100, IDEAL)
+    two = Replica(QWEN3_8B, H100, IDEAL, pp=2)
+    hop = QWEN3_8B.hidden * 2 / H100.nvlink_bw  # one token's activations to the next stage
+    # batch 1: one micro-batch walks both stages: the whole model's weights, plus 2 hops
+    assert two.forward_seconds(QWEN3_8B, 1, 1, 0) == pytest.approx(
+        one.forward_seconds(QWEN3_8B, 1, 1, 0) + 2 * hop
+    )
+    # compute-bound: two micro-batches keep both stages busy, half the time (plus hops)
+    big = one.forward_seconds(QWEN3_8B, 1, 4096, 1000)
+    assert two.forward_seconds(QWEN3_8B, 2, 2048, 1000) == pytest.approx(big / 2 + 2 * 2048 * hop, rel=1e-6)
+    assert two.kv_slots(1000) > one.kv_slots(1000)  # what pipelining buys: memory
+
+
+def test_expert_parallel_replaces_the_moe_all_reduce_by_two_all_to_alls():
+    moe, tokens, g = get_model("qwen3-235b-a22b"), 64, 4
+    tp = Replica(moe, H100, IDEAL, gpus=g)
+    ep = Replica(moe, H100, IDEAL, gpus=g, expert_parallel=True)
+    hidden_bytes = tokens * moe.hidden * 2
+    all_reduce = hidden_bytes * 2 * (g - 1) / g / H100.nvlink_bw
+    all_to_all = hidden_bytes / g * 8 * (g - 1) / g / H100.nvlink_bw  # top-8 copies leaving a device
+    extra = moe.layers * (all_reduce + 2 * all_to_all - 2 * all_reduce)
+    difference = ep.forward_seconds(moe, tokens, 1, 0) - tp.forward_seconds(moe, tokens, 1, 0)
+    assert difference == pytest.approx(extra, rel=1e-9)
+    dense = Replica(QWEN3_8B, H100, IDEAL, gpus=g, expert_parallel=True)  # no experts: no change
+    assert dense.forward_seconds(QWEN3_8B, 8, 1, 0) == Replica(QWEN3_8B, H100, IDEAL, gpus=g).forward_seconds(
+        QWEN3_8B, 8, 1, 0
+    )
+
+
+def test_trainer_time_by_hand_with_tensor_pipeline_and_data_parallel_costs():
+    eff = IDEAL.model_copy(update={"logprob_mfu": 0.5, "train_mfu": 0.25})
+    common = {"model": QWEN3_8B, "hw": H100, "eff": eff, "context": 500.0, "logprob_passes": 1, "epochs": 2}
+    tokens, micro_tokens = 8 * 16384, 16384
+    compute = tokens * QWEN3_8B.flops_per_token(500.0) / (8 * 989e12)  # at 100% on 8 GPUs
+    tp_only = trainer_seconds(**common, tokens=tokens, gpus=8, tp=8, micro_batch_tokens=micro_tokens)
+    all_reduce = (
+        micro_tokens * 8 * QWEN3_8B.hidden * 2 * 2 * 7 / 8 / H100.nvlink_bw
+    )  # one micro-batch of 8 x 16384
+    comm = QWEN3_8B.layers * 2 * all_reduce  # 2 per layer, one forward, one (data-parallel: none) micro-batch
+    assert tp_only == pytest.approx((compute / 0.5 + comm, 2 * (3 * compute / 0.25 + 2 * comm)), rel=1e-9)
+    # pipeline: 2 stages, 4 data-parallel ranks of 2 micro-batches each: bubble 1 + 1/2
+    piped = trainer_seconds(**common, tokens=tokens, gpus=8, pp=2, micro_batch_tokens=micro_tokens)
+    unpiped = trainer_seconds(**common, tokens=tokens, gpus=8, micro_batch_tokens=micro_tokens)
+    assert piped[0] == pytest.approx(1.5 * compute / 0.5, rel=1e-9)
+    # data parallel over the NIC: the gradient sync shows only beyond the backward pass
+    slow = H100.model_copy(update={"nvlink_domain": 1, "network_bw": 1e6})
+    exposed = trainer_seconds(
+        **(common | {"hw": slow}), tokens=tokens, gpus=8, micro_batch_tokens=micro_tokens
+    )
+    sync = 2 * QWEN3_8B.params * 2 * 7 / 8 / 1e6
+    assert unpiped[1] == pytest.approx(2 * 3 * compute / 0.25, rel=1e-9)  # hidden on NVLink
+    assert exposed[1] == pytest.approx(2 * (3 * compute / 0.25 + sync - 2 * compute / 0.25), rel=1e-9)
+    with pytest.raises(SimError, match="must divide the 8 training GPUs"):
+        trainer_seconds(**common, tokens=tokens, gpus=8, tp=3, micro_batch_tokens=micro_tokens)
+
+
+def test_prompt_lengths_have_a_distribution_and_the_longest_must_fit():
+    spread = SMALL.model_copy(update={"prompt_sigma": 1.0})
+    prompts = spread.prompt_lengths()
+    assert (
+        prompts.mean() == pytest.approx(SMALL.prompt_tokens, rel=0.05)
+        and prompts.max() > 3 * SMALL.prompt_tokens
+    )
+    assert spread.max_sequence_tokens == prompts.max() + SMALL.max_response_tokens
+    assert SMALL.max_sequence_tokens == SMALL.prompt_tokens + SMALL.max_response_tokens
+    common = {
+        "model": QWEN3_8B,
+        "hw": H100,
+        "eff": GPU_EFFICIENCY,
+        "layout": Layout(gen_gpus=8, train_gpus=8),
+    }
+    even = simulate_step(**common, workload=SMALL, speculation=Speculation())
+    uneven = simulate_step(**common, workload=spread, speculation=Speculation())
+    assert uneven.gen_s != even.gen_s and uneven.train_s == pytest.approx(even.train_s, rel=0.05)
+    with pytest.raises(ValueError, match="train_tp 3 x train_pp 1 must divide train_gpus 8"):
+        Layout(gen_gpus=8, train_gpus=8, train_tp=3)
+    with pytest.raises(ValueError, match="gen_tp 2 x gen_pp 3 must divide gen_gpus 8"):
+        Layout(gen_gpus=8, train_gpus=8, gen_tp=2, gen_pp=3)

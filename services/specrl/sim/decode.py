@@ -2,12 +2,21 @@
 simulation of a batch of responses whose lengths have a long tail.
 
 One forward over `tokens` query tokens with `batch` sequences of mean context c, on g
-devices (tensor/expert parallel), costs
+devices (tensor parallel, or expert parallel for MoE layers) per pipeline stage, costs
 
   t = max(bytes / (g * bw * mem_eff), flops / (g * peak * compute_eff)) + comm + overheads
   bytes = streamed weights + batch * c * KV bytes/token + logits (tokens * vocab * 4 B * 2)
   flops = tokens * flops_per_token(c)
-  comm  = 2 collectives per layer (g > 1): latency + message / NVLink bandwidth
+  comm  = per layer (g > 1): 2 all-reduces of the tokens' hidden states over NVLink (TP);
+          with expert parallelism, MoE layers instead 1 all-reduce (attention) and 2
+          all-to-alls (dispatch, combine) of the tokens' top-k copies that leave a device
+
+With pp pipeline stages (each 1/pp of the layers on its own g devices) the batch runs as
+m = min(pp, batch) micro-batches in flight, as vLLM's pipeline-parallel engine does, and
+a step of every sequence takes max(m, pp) stage times, each stage time the roofline of
+1/pp of the model over batch/m sequences plus the activation hop to the next stage. So
+pipelining divides KV reads and compute by pp but not weight reads (each micro-batch
+reads its stage's weights again): it buys memory capacity, not decode speed.
 
 Decode reads every weight once per step whatever the batch, so small batches are
 memory-bound and verifying k+1 tokens per sequence is nearly free there; large batches
@@ -36,9 +45,15 @@ class Replica:
     model: ModelShape
     hw: Hardware
     eff: Efficiency
-    gpus: int = 1
+    gpus: int = 1  # tensor-parallel devices per pipeline stage
     speculation: Speculation = field(default_factory=Speculation)
     max_num_seqs: int = 1024
+    pp: int = 1  # pipeline stages
+    expert_parallel: bool = False  # MoE experts split over a stage's devices (all-to-all)
+
+    @property
+    def devices(self) -> int:
+        return self.gpus * self.pp
 
     @property
     def draft(self) -> ModelShape | None:
@@ -56,34 +71,50 @@ class Replica:
     def kv_slots(self, tokens_per_sequence: float) -> int:
         """Sequences whose KV cache fits beside the weights (vLLM's memory budget), capped by
         max_num_seqs; a replica whose weights leave no room is an error, not a zero."""
-        budget = self.gpus * self.hw.mem_bytes * self.eff.kv_fraction - self.weight_bytes
+        budget = self.devices * self.hw.mem_bytes * self.eff.kv_fraction - self.weight_bytes
         per_seq = self.kv_bytes_per_token() * tokens_per_sequence
         if budget < per_seq:
             need = (self.weight_bytes + per_seq) / (self.hw.mem_bytes * self.eff.kv_fraction)
             raise SimError(
-                f"{self.model.name} does not fit on {self.gpus} x {self.hw.name}: weights "
+                f"{self.model.name} does not fit on {self.devices} x {self.hw.name}: weights "
                 f"{self.weight_bytes / 1e9:.1f} GB + one sequence's KV {per_seq / 1e9:.2f} GB exceed "
-                f"{self.eff.kv_fraction:.0%} of {self.gpus * self.hw.mem_bytes / 1e9:.0f} GB; "
+                f"{self.eff.kv_fraction:.0%} of {self.devices * self.hw.mem_bytes / 1e9:.0f} GB; "
                 f"use at least {int(np.ceil(need))} GPUs per replica"
             )
         return int(min(self.max_num_seqs, budget // per_seq))
 
     def forward_seconds(self, shape: ModelShape, batch: float, query: int, context: float) -> float:
-        """Roofline time of one forward of `shape` over `batch` sequences x `query` tokens."""
-        hw, eff, g = self.hw, self.eff, self.gpus
-        tokens = batch * query
+        """Roofline time of one forward of `shape` over `batch` sequences x `query` tokens
+        (through every pipeline stage: see the module docstring)."""
+        hw, eff, g, pp = self.hw, self.eff, self.gpus, self.pp
+        micro = max(1.0, min(pp, batch))  # micro-batches in flight
+        tokens = batch / micro * query  # per micro-batch
         bytes_ = (
             shape.streamed_params(tokens) * hw.dtype_bytes
-            + batch * context * shape.kv_elements_per_token * hw.dtype_bytes
+            + batch / micro * context * shape.kv_elements_per_token * hw.dtype_bytes
             + tokens * shape.vocab * LOGIT_BYTES
-        )
-        flops = tokens * shape.flops_per_token(context)
-        roof = max(bytes_ / (g * hw.mem_bw * eff.mem_eff), flops / (g * hw.peak_flops * eff.compute_eff))
-        comm = 0.0
-        if g > 1:
-            message = tokens * shape.hidden * hw.dtype_bytes * 2 * (g - 1) / g
-            comm = 2 * shape.layers * (eff.collective_latency_s + message / hw.nvlink_bw)
-        return roof + comm
+        ) / pp
+        flops = tokens * shape.flops_per_token(context) / pp
+        stage = max(bytes_ / (g * hw.mem_bw * eff.mem_eff), flops / (g * hw.peak_flops * eff.compute_eff))
+        stage += shape.layers / pp * self._layer_comm_seconds(shape, tokens)
+        if pp > 1:  # the activations' hop to the next stage, inside the NVLink domain or not
+            link = hw.nvlink_bw if self.devices <= hw.nvlink_domain else hw.network_bw
+            stage += eff.collective_latency_s + tokens * shape.hidden * hw.dtype_bytes / link
+        return max(micro, pp) * stage
+
+    def _layer_comm_seconds(self, shape: ModelShape, tokens: float) -> float:
+        """One layer's collectives over a stage's g devices for `tokens` tokens."""
+        g, hw, latency = self.gpus, self.hw, self.eff.collective_latency_s
+        if g == 1:
+            return 0.0
+        hidden_bytes = tokens * shape.hidden * hw.dtype_bytes
+        all_reduce = latency + hidden_bytes * 2 * (g - 1) / g / hw.nvlink_bw  # ring
+        if not (self.expert_parallel and shape.is_moe):
+            return 2 * all_reduce
+        # each device dispatches its 1/g share of the tokens; a top-k copy leaves it with
+        # probability (g-1)/g under uniform routing; the combine brings them back
+        all_to_all = latency + hidden_bytes / g * shape.experts_per_token * (g - 1) / g / hw.nvlink_bw
+        return all_reduce + 2 * all_to_all
 
     def step_seconds(self, batch: float, context: float) -> float:
         """One engine step: k sequential draft forwards, then the target verifying k+1
@@ -101,8 +132,10 @@ class Replica:
         """Steady-state output rate at a fixed batch (no tail)."""
         return batch * self.speculation.acceptance_length / self.step_seconds(batch, context)
 
-    def prefill_seconds(self, prompts: float, prompt_tokens: int) -> float:
-        return self.forward_seconds(self.model, prompts, prompt_tokens, prompt_tokens / 2)
+    def prefill_seconds(self, prompts: float, prompt_tokens: float) -> float:
+        """One forward over `prompts` prompts of `prompt_tokens` tokens (rounded up)."""
+        tokens = int(np.ceil(prompt_tokens))
+        return self.forward_seconds(self.model, prompts, tokens, tokens / 2)
 
 
 @dataclass(frozen=True)
@@ -115,31 +148,36 @@ class Generation:
     tokens: float
 
 
-def generate(replica: Replica, lengths: np.ndarray, weight: float, prompt_tokens: int) -> Generation:
-    """Continuous batching of responses of `lengths` tokens, each standing for `weight`
+def generate(
+    replica: Replica, lengths: np.ndarray, weight: float, prompt_tokens: float | np.ndarray
+) -> Generation:
+    """Continuous batching of responses of `lengths` tokens after prompts of
+    `prompt_tokens` (one length for all, or one per response), each standing for `weight`
     sequences, admitted in the given order as KV slots free up. Every step advances each
     running sequence by the acceptance length (in expectation), so a response of R tokens
     needs R / AL steps; time is integrated between completions with the step cost at the
-    interval's mean context."""
+    interval's mean context. The sequences admitted together are prefilled together at
+    their mean prompt length."""
     lengths = np.asarray(lengths, dtype=float)
     if lengths.size == 0:
         return Generation(0.0, 0.0, 0.0, 0.0)
-    if np.any(lengths <= 0) or weight <= 0:
-        raise SimError("response lengths and their weight must be positive")
+    prompts = np.broadcast_to(np.asarray(prompt_tokens, dtype=float), lengths.shape)
+    if np.any(lengths <= 0) or np.any(prompts <= 0) or weight <= 0:
+        raise SimError("prompt and response lengths and their weight must be positive")
     al = replica.speculation.acceptance_length
-    slots = replica.kv_slots(prompt_tokens + float(lengths.mean()))
+    slots = replica.kv_slots(float(prompts.mean()) + float(lengths.mean()))
     capacity = max(1, int(slots // weight))
-    pending = list(lengths[::-1])  # pop() from the end admits in the given order
+    pending = list(zip(lengths[::-1], prompts[::-1]))  # pop() from the end admits in order
     remaining = np.empty(0)
     context = np.empty(0)
     seconds = steps = batch_steps = 0.0
     while pending or remaining.size:
         admit = min(capacity - remaining.size, len(pending))
         if admit:
-            new = np.array([pending.pop() for _ in range(admit)])
+            new, new_prompts = np.array([pending.pop() for _ in range(admit)]).T
             remaining = np.concatenate([remaining, new])
-            context = np.concatenate([context, np.full(admit, float(prompt_tokens))])
-            seconds += replica.prefill_seconds(admit * weight, prompt_tokens)
+            context = np.concatenate([context, new_prompts])
+            seconds += replica.prefill_seconds(admit * weight, float(new_prompts.mean()))
         n = float(remaining.min()) / al
         batch = remaining.size * weight
         seconds += n * replica.step_seconds(batch, float(context.mean()) + al * n / 2)

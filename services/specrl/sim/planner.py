@@ -3,7 +3,11 @@ between generation and training, the GPUs per rollout replica, the draft length 
 the policy lag for the fastest RL step whose weights, KV cache and optimizer states fit.
 
 specrl deploys generation and training as separate pods (deploy/helm/specrl), so plans
-are disaggregated; the baseline beside each plan is the same layout with AR sync."""
+are disaggregated; the baseline beside each plan is the same layout with AR sync. Plans
+use only what the chart deploys: tensor-parallel replicas (the model also takes pipeline
+stages and expert parallelism, `Layout.gen_pp` / `gen_ep`, which specrl's engine config
+does not set) and a trainer that is tensor parallel inside a node and data parallel
+across nodes."""
 
 from __future__ import annotations
 
@@ -61,8 +65,7 @@ class Plan:
         the workload it was planned for (batch, group, length cap; enough Generate calls
         in flight per replica to fill its sequence slots)."""
         layout, work = self.layout, self.workload
-        per_node = min(self.gpus_per_node, layout.train_gpus)
-        dp = trainer_dp(layout.train_gpus, self.gpus_per_node)
+        per_node, dp = layout.train_tp, layout.train_dp
         tp = layout.gen_tp
         pods = max(1, tp // self.gpus_per_node)
         if self.speculation.k == 0:
@@ -114,7 +117,8 @@ class Plan:
 
 
 def trainer_dp(train_gpus: int, gpus_per_node: int) -> int:
-    """The trainer's data-parallel size: tensor parallel inside a node, a replica per node."""
+    """The trainer's data-parallel size in the layouts the planner deploys (specrl's
+    trainer is tensor x data parallel): tensor parallel inside a node, a replica per node."""
     return train_gpus // min(gpus_per_node, train_gpus)
 
 
@@ -172,7 +176,8 @@ def plan(
                 f"the {workload.samples} samples per step"
             )
         for gen in gens:
-            layout = Layout(gen_gpus=gen, train_gpus=gpus - gen, gen_tp=tp)
+            train = gpus - gen
+            layout = Layout(gen_gpus=gen, train_gpus=train, gen_tp=tp, train_tp=min(hw.gpus_per_node, train))
             for spec in (draft.with_k(k) for k in sorted({0, *ks})):
                 for lag in sorted({0, *lags}):
                     result = step(layout, spec, lag)

@@ -1,13 +1,10 @@
 """One RL step: data, weight sync, generation, logprob recomputation and the policy update,
 synchronous or asynchronous with a policy-lag bound, on a given layout.
 
-  logprob = passes * N_tok * F(c) / (G_train * peak * logprob_mfu)
-  train   = epochs * 3 * N_tok * F(c) / (G_train * peak * train_mfu)   (forward + backward = 3x)
-(two MFUs: a forward-only pass and a training pass run different kernels and batch shapes;
-on specrl's CPU trainer the forward-only pass measured about half as efficient)
-  sync    = (policy + draft) weight bytes / TP / link bandwidth + fixed overhead
+  gen     = continuous batching on each replica (decode.py), the batch split evenly
+  logprob, train: train.py (tensor x pipeline x data parallel, explicit communication)
+  sync    = (policy + draft) weight bytes / GPUs per replica / link bandwidth + fixed overhead
             (link: NVLink when training and generation share GPUs, the NIC otherwise)
-where F(c) is forward FLOPs per token (2 x active params + attention at mean context c).
 
 Synchronous: step = data + sync + gen + logprob + train; all of gen is exposed.
 Asynchronous with lag L (disaggregated only): generation for step t+1 runs on its own
@@ -30,9 +27,8 @@ from specrl.sim.errors import SimError
 from specrl.sim.hardware import Efficiency, Hardware
 from specrl.sim.models import ModelShape
 from specrl.sim.speculation import Speculation
+from specrl.sim.train import check_trainer_fits, trainer_seconds
 
-OPTIMIZER_BYTES_PER_PARAM = 16  # bf16 weights + bf16 grads + fp32 master, Adam m and v
-ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN = 4  # with full activation recomputation (stored inputs)
 REPRESENTATIVES = 256  # quantiles of the length distribution simulated per replica
 
 
@@ -43,7 +39,8 @@ class Workload(BaseModel):
 
     prompts_per_step: int = Field(gt=0)
     group_size: int = Field(gt=0, description="samples per prompt (the GRPO group)")
-    prompt_tokens: int = Field(gt=0)
+    prompt_tokens: int = Field(gt=0, description="mean prompt length")
+    prompt_sigma: float = Field(0.0, ge=0, description="lognormal shape of prompt lengths (0: all equal)")
     response_mean_tokens: float = Field(gt=0, description="mean of the (uncapped) lognormal")
     response_sigma: float = Field(0.8, ge=0, description="lognormal shape: the long tail")
     max_response_tokens: int = Field(gt=0, description="responses are cut here")
@@ -58,14 +55,28 @@ class Workload(BaseModel):
     def response_lengths(self, count: int = REPRESENTATIVES) -> np.ndarray:
         """`count` equally likely response lengths (quantiles of the capped lognormal), in a
         fixed shuffled order: arrival order does not follow length."""
-        q = (np.arange(count) + 0.5) / count
-        if self.response_sigma == 0:
-            raw = np.full(count, self.response_mean_tokens)
-        else:
-            median = self.response_mean_tokens * np.exp(-(self.response_sigma**2) / 2)
-            raw = lognorm.ppf(q, s=self.response_sigma, scale=median)
+        raw = _lognormal_quantiles(self.response_mean_tokens, self.response_sigma, count)
         lengths = np.clip(np.round(raw), 1, self.max_response_tokens)
         return np.random.default_rng(0).permutation(lengths)
+
+    def prompt_lengths(self, count: int = REPRESENTATIVES) -> np.ndarray:
+        """`count` equally likely prompt lengths, in another fixed order than the responses'
+        (a prompt's length says nothing of its response's)."""
+        raw = _lognormal_quantiles(self.prompt_tokens, self.prompt_sigma, count)
+        return np.random.default_rng(1).permutation(np.maximum(np.round(raw), 1))
+
+    @property
+    def max_sequence_tokens(self) -> int:
+        """The longest prompt plus the response cap: what a replica's KV and vLLM's
+        max_model_len must hold."""
+        return int(self.prompt_lengths().max()) + self.max_response_tokens
+
+
+def _lognormal_quantiles(mean: float, sigma: float, count: int) -> np.ndarray:
+    if sigma == 0:
+        return np.full(count, float(mean))
+    q = (np.arange(count) + 0.5) / count
+    return lognorm.ppf(q, s=sigma, scale=mean * np.exp(-(sigma**2) / 2))
 
 
 class Layout(BaseModel):
@@ -75,21 +86,40 @@ class Layout(BaseModel):
 
     gen_gpus: int = Field(gt=0)
     train_gpus: int = Field(gt=0)
-    gen_tp: int = Field(1, gt=0, description="GPUs per rollout replica (TP x EP)")
+    gen_tp: int = Field(1, gt=0, description="tensor-parallel GPUs per pipeline stage of a replica")
+    gen_pp: int = Field(1, gt=0, description="pipeline stages per replica")
+    gen_ep: bool = Field(False, description="MoE experts expert-parallel over a stage's GPUs")
+    train_tp: int = Field(1, gt=0, description="trainer tensor parallel")
+    train_pp: int = Field(1, gt=0, description="trainer pipeline stages (data parallel: the rest)")
     colocated: bool = False
     max_num_seqs: int = Field(1024, gt=0, description="vLLM's cap on sequences per replica")
 
     @model_validator(mode="after")
     def _divides(self) -> Layout:
-        if self.gen_gpus % self.gen_tp:
-            raise SimError(f"gen_tp {self.gen_tp} must divide gen_gpus {self.gen_gpus}")
+        if self.gen_gpus % self.gpus_per_replica:
+            raise SimError(
+                f"gen_tp {self.gen_tp} x gen_pp {self.gen_pp} must divide gen_gpus {self.gen_gpus}"
+            )
+        if self.train_gpus % (self.train_tp * self.train_pp):
+            raise SimError(
+                f"train_tp {self.train_tp} x train_pp {self.train_pp} must divide "
+                f"train_gpus {self.train_gpus}"
+            )
         if self.colocated and self.gen_gpus != self.train_gpus:
             raise SimError("a colocated layout runs generation and training on the same GPUs")
         return self
 
     @property
+    def gpus_per_replica(self) -> int:
+        return self.gen_tp * self.gen_pp
+
+    @property
     def replicas(self) -> int:
-        return self.gen_gpus // self.gen_tp
+        return self.gen_gpus // self.gpus_per_replica
+
+    @property
+    def train_dp(self) -> int:
+        return self.train_gpus // (self.train_tp * self.train_pp)
 
     @property
     def total_gpus(self) -> int:
@@ -116,31 +146,6 @@ class StepResult:
         return {key: round(value, digits) for key, value in asdict(self).items()}
 
 
-def trainer_memory_bytes(model: ModelShape, workload: Workload, gpus: int) -> float:
-    """Per-GPU training memory: weights, grads and Adam states sharded over `gpus`
-    (distributed optimizer / FSDP), plus one micro-batch's recomputation checkpoints."""
-    return OPTIMIZER_BYTES_PER_PARAM * model.params / gpus + _activation_bytes(model, workload)
-
-
-def _activation_bytes(model: ModelShape, workload: Workload) -> float:
-    return workload.micro_batch_tokens * model.layers * model.hidden * ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN
-
-
-def check_trainer_fits(model: ModelShape, hw: Hardware, workload: Workload, gpus: int) -> None:
-    need = trainer_memory_bytes(model, workload, gpus)
-    if need > hw.mem_bytes:
-        room = hw.mem_bytes - _activation_bytes(model, workload)
-        hint = (
-            f"use at least {int(np.ceil(OPTIMIZER_BYTES_PER_PARAM * model.params / room))} training GPUs"
-            if room > 0
-            else "one micro-batch's activations alone do not fit: lower micro_batch_tokens"
-        )
-        raise SimError(
-            f"training {model.name} on {gpus} x {hw.name} needs {need / 1e9:.0f} GB per GPU "
-            f"(> {hw.mem_bytes / 1e9:.0f} GB): {hint}"
-        )
-
-
 def simulate_step(
     *,
     model: ModelShape,
@@ -158,25 +163,44 @@ def simulate_step(
         raise SimError(f"policy lag must be >= 0, got {lag}")
     if lag and layout.colocated:
         raise SimError("asynchronous RL (lag >= 1) needs separate generation and training GPUs")
-    check_trainer_fits(model, hw, workload, layout.train_gpus)
-    replica = Replica(model, hw, eff, layout.gen_tp, speculation, layout.max_num_seqs)
-    # the longest response must fit beside the weights (slots are counted at the mean length)
-    replica.kv_slots(workload.prompt_tokens + workload.max_response_tokens)
+    check_trainer_fits(model, hw, workload.micro_batch_tokens, layout.train_gpus)
+    replica = Replica(
+        model,
+        hw,
+        eff,
+        layout.gen_tp,
+        speculation,
+        layout.max_num_seqs,
+        pp=layout.gen_pp,
+        expert_parallel=layout.gen_ep,
+    )
+    # the longest sequence must fit beside the weights (slots are counted at the mean length)
+    replica.kv_slots(workload.max_sequence_tokens)
 
     in_flight = max(lag, 1)
     lengths = workload.response_lengths(representatives)
+    prompts = workload.prompt_lengths(representatives)
     per_replica = in_flight * workload.samples / layout.replicas
-    gen = generate(replica, lengths, per_replica / lengths.size, workload.prompt_tokens)
+    gen = generate(replica, lengths, per_replica / lengths.size, prompts)
     gen_s = gen.seconds / in_flight
 
-    tokens = workload.samples * (workload.prompt_tokens + float(lengths.mean()))
-    context = (workload.prompt_tokens + float(lengths.mean())) / 2
-    forward_flops = tokens * model.flops_per_token(context) / (layout.train_gpus * hw.peak_flops)
-    logprob_s = workload.logprob_passes * forward_flops / eff.logprob_mfu
-    train_s = workload.epochs * 3 * forward_flops / eff.train_mfu
+    sequence = float(prompts.mean() + lengths.mean())
+    logprob_s, train_s = trainer_seconds(
+        model=model,
+        hw=hw,
+        eff=eff,
+        tokens=workload.samples * sequence,
+        context=sequence / 2,
+        gpus=layout.train_gpus,
+        tp=layout.train_tp,
+        pp=layout.train_pp,
+        micro_batch_tokens=workload.micro_batch_tokens,
+        logprob_passes=workload.logprob_passes,
+        epochs=workload.epochs,
+    )
 
     link = hw.nvlink_bw if layout.colocated else hw.network_bw
-    sync_s = replica.weight_bytes / layout.gen_tp / link + eff.sync_overhead_s  # policy + draft
+    sync_s = replica.weight_bytes / layout.gpus_per_replica / link + eff.sync_overhead_s  # policy + draft
     busy_train = logprob_s + train_s
     exposed = gen_s if lag == 0 else max(0.0, gen_s - busy_train)
     step_s = eff.data_s + sync_s + busy_train + exposed
