@@ -151,7 +151,7 @@ def test_per_position_acceptance_is_an_input_and_decay_makes_long_drafts_pay_les
         parse_acceptance("eagle3", "0.9", 2.0)
     with pytest.raises(SimError, match="comma-separated numbers"):
         parse_acceptance("eagle3", "0.9,high", None)
-    with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"):  # pydantic's, from the model
+    with pytest.raises(SimError, match=r"must lie in \[0, 1\]"):
         parse_acceptance("eagle3", "0.9,1.5", None)
     with pytest.raises(SimError, match="at most 16"):
         parse_acceptance("eagle3", ",".join(["0.5"] * 17), None)
@@ -303,6 +303,16 @@ def test_planner_rejects_a_gpu_count_that_is_not_whole_nodes():
         plan(model=QWEN3_8B, hw=H100, eff=GPU_EFFICIENCY, workload=SMALL, gpus=20, draft=Speculation())
 
 
+def test_the_docs_planner_example_is_what_the_command_prints():
+    command = "specrl simulate plan --model qwen3-8b --gpus 64 --hardware gb200"
+    docs = DOCS.read_text()
+    shown = docs[docs.index(f"$ {command}\n") + len(command) + 3 :]
+    shown = shown[: shown.index("```")]
+    result = CliRunner().invoke(app, command.split()[1:])
+    assert result.exit_code == 0, result.output
+    assert " ".join(result.output.split()) == " ".join(shown.split())
+
+
 def test_cli_plan_errors_are_clear():
     result = CliRunner().invoke(
         app, ["simulate", "plan", "--model", "qwen3-8b", "--gpus", "64", "--hardware", "tpu"]
@@ -340,84 +350,137 @@ def test_calibrate_refuses_files_that_are_not_benchmark_json(tmp_path):
         assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
     with pytest.raises(SimError, match="not the JSON of `specrl simulate calibrate"):
         load_calibration(bogus, "cpu-testbed")
+    with pytest.raises(SimError, match="cannot read it"):
+        load_calibration(tmp_path, "cpu-testbed")  # a directory
+    listed = tmp_path / "listed.json"
+    listed.write_text('{"hardware": "cpu-testbed", "constants": [0.1]}')
+    with pytest.raises(SimError, match="not the JSON of `specrl simulate calibrate"):
+        load_calibration(listed, "cpu-testbed")
+    listed.write_text('{"hardware": "cpu-testbed", "constants": {"compute_eff": 3}}')
+    with pytest.raises(SimError, match="constant compute_eff: Input should be less than or equal to 1"):
+        load_calibration(listed, "cpu-testbed")
+    # a benchmark says where it ran: CPU runs do not calibrate a GPU, nor GPU runs the CPU
+    committed = json.loads((DOCS.parent / "bench" / "rollout.json").read_text())
+    for accelerator, hardware, ran in (
+        (None, "h100", "the CPU"),
+        ("NVIDIA H100 80GB HBM3", "cpu-testbed", "NVIDIA"),
+    ):
+        committed["meta"]["machine"]["accelerator"] = accelerator
+        stamped = tmp_path / f"rollout-{hardware}.json"
+        stamped.write_text(json.dumps(committed))
+        result = CliRunner().invoke(
+            app, ["simulate", "calibrate", "--rollout", str(stamped), "--hardware", hardware]
+        )
+        assert result.exit_code == 2 and f"ran on {ran}" in " ".join(result.output.split()), result.output
 
 
 def test_pipeline_stages_divide_compute_but_not_weight_reads():
     one = Replica(QWEN3_8B, H100, IDEAL)
     two = Replica(QWEN3_8B, H100, IDEAL, pp=2)
+    # the last stage's output head and logits, read per stage time
+    head = (QWEN3_8B.head_params * 2 + QWEN3_8B.vocab * 8) / H100.mem_bw
     hop = QWEN3_8B.hidden * 2 / H100.nvlink_bw  # one token's activations to the next stage
-    # batch 1: one micro-batch walks both stages: the whole model's weights, plus 2 hops
+    # batch 1: one micro-batch walks both stages (each timed as the last): the layers' weights
+    # once, the head twice, and one hop between the stages
     assert two.forward_seconds(QWEN3_8B, 1, 1, 0) == pytest.approx(
-        one.forward_seconds(QWEN3_8B, 1, 1, 0) + 2 * hop
+        one.forward_seconds(QWEN3_8B, 1, 1, 0) + head + hop, rel=1e-9
     )
-    # compute-bound: two micro-batches keep both stages busy, half the time (plus hops)
-    big = one.forward_seconds(QWEN3_8B, 1, 4096, 1000)
-    assert two.forward_seconds(QWEN3_8B, 2, 2048, 1000) == pytest.approx(big / 2 + 2 * 2048 * hop, rel=1e-6)
+    # compute-bound: two micro-batches keep both stages busy: half the layers' time each
+    tokens, context = 4096, 1000
+    layers = tokens * (QWEN3_8B.flops_per_token(context) - 2 * QWEN3_8B.head_params) / 989e12
+    head_flops = tokens / 2 * 2 * QWEN3_8B.head_params / 989e12  # per micro-batch, on the last stage
+    assert two.forward_seconds(QWEN3_8B, 2, tokens // 2, context) == pytest.approx(
+        2 * (layers / 4 + head_flops) + tokens / 2 * hop, rel=1e-9
+    )
+    assert layers / 2 < two.forward_seconds(QWEN3_8B, 2, tokens // 2, context) < layers
+    # a stage hop beyond the NVLink domain goes over the NIC
+    far = Replica(QWEN3_8B, H100.model_copy(update={"nvlink_domain": 1}), IDEAL, pp=2)
+    nic_hop = QWEN3_8B.hidden * 2 / H100.network_bw
+    assert far.forward_seconds(QWEN3_8B, 1, 1, 0) - two.forward_seconds(QWEN3_8B, 1, 1, 0) == pytest.approx(
+        nic_hop - hop, rel=1e-9
+    )
     assert two.kv_slots(1000) > one.kv_slots(1000)  # what pipelining buys: memory
 
 
-def test_expert_parallel_replaces_the_moe_all_reduce_by_two_all_to_alls():
-    moe, tokens, g = get_model("qwen3-235b-a22b"), 64, 4
-    tp = Replica(moe, H100, IDEAL, gpus=g)
-    ep = Replica(moe, H100, IDEAL, gpus=g, expert_parallel=True)
-    hidden_bytes = tokens * moe.hidden * 2
-    all_reduce = hidden_bytes * 2 * (g - 1) / g / H100.nvlink_bw
-    all_to_all = hidden_bytes / g * 8 * (g - 1) / g / H100.nvlink_bw  # top-8 copies leaving a device
-    extra = moe.layers * (all_reduce + 2 * all_to_all - 2 * all_reduce)
-    difference = ep.forward_seconds(moe, tokens, 1, 0) - tp.forward_seconds(moe, tokens, 1, 0)
-    assert difference == pytest.approx(extra, rel=1e-9)
-    dense = Replica(QWEN3_8B, H100, IDEAL, gpus=g, expert_parallel=True)  # no experts: no change
-    assert dense.forward_seconds(QWEN3_8B, 8, 1, 0) == Replica(QWEN3_8B, H100, IDEAL, gpus=g).forward_seconds(
-        QWEN3_8B, 8, 1, 0
+def test_expert_parallel_runs_attention_data_parallel_and_moe_layers_by_all_to_all():
+    moe, g, b200 = get_model("qwen3-235b-a22b"), 8, get_hardware("b200")  # 8 x 180 GB: room for 8 copies
+    ep = Replica(moe, b200, IDEAL, gpus=g, expert_parallel=True)
+    # 8 sequences x 1 token, no context: each device runs one sequence with every dense
+    # weight and the head, and 1/8 of the experts the 8 tokens reach
+    head = moe.head_params
+    dense = moe.layers * moe.dense_layer_params
+    experts = moe.streamed_params(8) - dense - head
+    device_bytes = (dense + head + experts / g) * 2 + moe.vocab * 8
+    device_flops = moe.flops_per_token(0)
+    roof = max(device_bytes / b200.mem_bw, device_flops / b200.peak_flops)
+    all_to_all = 1 * moe.hidden * 2 * 8 * (g - 1) / g / b200.nvlink_bw  # one token's 8 copies, 7/8 leave
+    assert ep.forward_seconds(moe, 8, 1, 0) == pytest.approx(roof + moe.layers * 2 * all_to_all, rel=1e-9)
+    # at a small batch reading every dense weight on every device costs more than tensor parallel
+    tp = Replica(moe, b200, IDEAL, gpus=g)
+    assert ep.forward_seconds(moe, 8, 1, 0) > tp.forward_seconds(moe, 8, 1, 0)
+    # the replica holds the dense weights g times: fewer KV slots than tensor parallel
+    assert ep.weight_bytes == pytest.approx(
+        (moe.params + (g - 1) * (moe.params - moe.layers * 128 * moe.expert_params)) * 2
     )
+    assert ep.kv_slots(100_000) < tp.kv_slots(100_000)  # long sequences: below max_num_seqs
 
 
-def test_trainer_time_by_hand_with_tensor_pipeline_and_data_parallel_costs():
-    eff = IDEAL.model_copy(update={"logprob_mfu": 0.5, "train_mfu": 0.25})
+def test_trainer_time_by_hand_with_tensor_and_pipeline_parallel_costs():
+    # 1 ms per collective, so a wrong count of all-reduces shows
+    eff = IDEAL.model_copy(update={"logprob_mfu": 0.5, "train_mfu": 0.25, "collective_latency_s": 1e-3})
     common = {"model": QWEN3_8B, "hw": H100, "eff": eff, "context": 500.0, "logprob_passes": 1, "epochs": 2}
     tokens, micro_tokens = 8 * 16384, 16384
     compute = tokens * QWEN3_8B.flops_per_token(500.0) / (8 * 989e12)  # at 100% on 8 GPUs
-    tp_only = trainer_seconds(**common, tokens=tokens, gpus=8, tp=8, micro_batch_tokens=micro_tokens)
-    all_reduce = (
-        micro_tokens * 8 * QWEN3_8B.hidden * 2 * 2 * 7 / 8 / H100.nvlink_bw
-    )  # one micro-batch of 8 x 16384
-    comm = QWEN3_8B.layers * 2 * all_reduce  # 2 per layer, one forward, one (data-parallel: none) micro-batch
-    assert tp_only == pytest.approx((compute / 0.5 + comm, 2 * (3 * compute / 0.25 + 2 * comm)), rel=1e-9)
-    # pipeline: 2 stages, 4 data-parallel ranks of 2 micro-batches each: bubble 1 + 1/2
-    piped = trainer_seconds(**common, tokens=tokens, gpus=8, pp=2, micro_batch_tokens=micro_tokens)
-    unpiped = trainer_seconds(**common, tokens=tokens, gpus=8, micro_batch_tokens=micro_tokens)
-    assert piped[0] == pytest.approx(1.5 * compute / 0.5, rel=1e-9)
-    # data parallel over the NIC: the gradient sync shows only beyond the backward pass
-    slow = H100.model_copy(update={"nvlink_domain": 1, "network_bw": 1e6})
-    exposed = trainer_seconds(
-        **(common | {"hw": slow}), tokens=tokens, gpus=8, micro_batch_tokens=micro_tokens
-    )
-    sync = 2 * QWEN3_8B.params * 2 * 7 / 8 / 1e6
-    assert unpiped[1] == pytest.approx(2 * 3 * compute / 0.25, rel=1e-9)  # hidden on NVLink
-    assert exposed[1] == pytest.approx(2 * (3 * compute / 0.25 + sync - 2 * compute / 0.25), rel=1e-9)
+
+    def all_reduce(tp: int) -> float:  # one micro-batch of 16384 tokens' hidden states, ring
+        return 1e-3 + micro_tokens * QWEN3_8B.hidden * 2 * 2 * (tp - 1) / tp / H100.nvlink_bw
+
+    # data parallel only: no collectives counted, no bubble
+    dp = trainer_seconds(**common, tokens=tokens, gpus=8, micro_batch_tokens=micro_tokens)
+    assert dp == pytest.approx((compute / 0.5, 2 * 3 * compute / 0.25), rel=1e-9)
+    # tp 8: one data-parallel rank of 8 micro-batches, 2 all-reduces per layer forward, 2 backward
+    comm = 8 * QWEN3_8B.layers * 2 * all_reduce(8)
+    tp = trainer_seconds(**common, tokens=tokens, gpus=8, tp=8, micro_batch_tokens=micro_tokens)
+    assert tp == pytest.approx((compute / 0.5 + comm, 2 * (3 * compute / 0.25 + 2 * comm)), rel=1e-9)
+    # pp 2: 4 data-parallel ranks of 2 micro-batches: bubble 1 + 1/2
+    pp = trainer_seconds(**common, tokens=tokens, gpus=8, pp=2, micro_batch_tokens=micro_tokens)
+    assert pp == pytest.approx((1.5 * compute / 0.5, 2 * 1.5 * 3 * compute / 0.25), rel=1e-9)
+    # tp 2 x pp 2: 2 ranks of 4 micro-batches, each stage's half of the layers, bubble 1 + 1/4
+    comm = 4 * QWEN3_8B.layers / 2 * 2 * all_reduce(2)
+    both = trainer_seconds(**common, tokens=tokens, gpus=8, tp=2, pp=2, micro_batch_tokens=micro_tokens)
+    assert both[0] == pytest.approx((compute / 0.5 + comm) * 1.25, rel=1e-9)
     with pytest.raises(SimError, match="must divide the 8 training GPUs"):
         trainer_seconds(**common, tokens=tokens, gpus=8, tp=3, micro_batch_tokens=micro_tokens)
+
+
+def test_layouts_must_split_evenly():
+    with pytest.raises(ValueError, match="train_tp 3 x train_pp 1 must divide train_gpus 8"):
+        Layout(gen_gpus=8, train_gpus=8, train_tp=3)
+    with pytest.raises(ValueError, match="gen_tp 2 x gen_pp 3 must divide gen_gpus 8"):
+        Layout(gen_gpus=8, train_gpus=8, gen_tp=2, gen_pp=3)
 
 
 def test_prompt_lengths_have_a_distribution_and_the_longest_must_fit():
     spread = SMALL.model_copy(update={"prompt_sigma": 1.0})
     prompts = spread.prompt_lengths()
-    assert (
-        prompts.mean() == pytest.approx(SMALL.prompt_tokens, rel=0.05)
-        and prompts.max() > 3 * SMALL.prompt_tokens
-    )
-    assert spread.max_sequence_tokens == prompts.max() + SMALL.max_response_tokens
-    assert SMALL.max_sequence_tokens == SMALL.prompt_tokens + SMALL.max_response_tokens
+    assert prompts.mean() == pytest.approx(SMALL.prompt_tokens, rel=0.05)
+    assert prompts.max() > 3 * SMALL.prompt_tokens
+    assert spread.max_sequence_tokens() == prompts.max() + SMALL.max_response_tokens
+    assert SMALL.max_sequence_tokens() == SMALL.prompt_tokens + SMALL.max_response_tokens
+    # a replica that holds the mean prompt's sequences but not the longest prompt's
+    layout = Layout(gen_gpus=8, train_gpus=8)
     common = {
         "model": QWEN3_8B,
         "hw": H100,
         "eff": GPU_EFFICIENCY,
-        "layout": Layout(gen_gpus=8, train_gpus=8),
+        "layout": layout,
+        "speculation": Speculation(),
     }
-    even = simulate_step(**common, workload=SMALL, speculation=Speculation())
-    uneven = simulate_step(**common, workload=spread, speculation=Speculation())
-    assert uneven.gen_s != even.gen_s and uneven.train_s == pytest.approx(even.train_s, rel=0.05)
-    with pytest.raises(ValueError, match="train_tp 3 x train_pp 1 must divide train_gpus 8"):
-        Layout(gen_gpus=8, train_gpus=8, train_tp=3)
-    with pytest.raises(ValueError, match="gen_tp 2 x gen_pp 3 must divide gen_gpus 8"):
-        Layout(gen_gpus=8, train_gpus=8, gen_tp=2, gen_pp=3)
+    long = SMALL.model_copy(update={"prompt_tokens": 50_000, "max_response_tokens": 100})
+    simulate_step(**common, workload=long)  # 50k-token prompts: 7.4 GB of KV each, fits
+    with pytest.raises(SimError, match="does not fit on 1 x h100"):
+        simulate_step(**common, workload=long.model_copy(update={"prompt_sigma": 1.0}))
+    # longer prompts cost prefill and context in generation, and tokens in training
+    even = simulate_step(**common, workload=SMALL)
+    longer = simulate_step(**common, workload=SMALL.model_copy(update={"prompt_tokens": 400}))
+    assert longer.gen_s > even.gen_s and longer.train_s > even.train_s

@@ -29,8 +29,12 @@ def print_table(rows: list[dict], columns: Sequence[str], title: str, console: C
 
 
 def machine() -> dict:
-    """Where a benchmark ran (recorded in its JSON: ratios compare only within one)."""
-    return {"platform": platform.platform(), "cpus": os.cpu_count()}
+    """Where a benchmark ran (recorded in its JSON: ratios compare only within one; the
+    simulator's calibration checks the accelerator, None for the CPU)."""
+    import torch
+
+    accelerator = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "accelerator": accelerator}
 
 
 def speedups_over_ar(rows: list[dict], group: Callable[[dict], Hashable]) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 from scipy.optimize import least_squares
 
 from specrl.sim.decode import Replica
@@ -180,15 +181,26 @@ def fit_trainer(step_bench: dict, decode: Efficiency, hardware: str = TESTBED) -
     return Fit(decode.model_copy(update=mfus), fitted), Fit(decode, checks)
 
 
-def _bench_rows(path: Path, command: str) -> dict:
+def _read_json(path: Path, command: str) -> object:
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         raise SimError(f"{path}: no such file (write it with `{command} --out {path}`)") from None
-    except json.JSONDecodeError as e:
+    except OSError as e:
+        raise SimError(f"{path}: cannot read it ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SimError(f"{path}: not JSON ({e})") from None
+
+
+def _bench_rows(path: Path, command: str, hardware: str) -> dict:
+    data = _read_json(path, command)
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise SimError(f"{path}: not the JSON of `{command}` (no 'rows' list)")
+    # benchmarks record the accelerator they ran on (None: CPU); older files do not say
+    machine = (data.get("meta") or {}).get("machine") or {}
+    if "accelerator" in machine and (machine["accelerator"] is None) != (hardware == TESTBED):
+        ran = machine["accelerator"] or "the CPU"
+        raise SimError(f"{path} ran on {ran}, not {hardware}: calibrate with --hardware for that machine")
     return data
 
 
@@ -199,8 +211,8 @@ def calibrate(
 ) -> dict:
     """Both fits from the JSON of `specrl bench rollout` and `specrl bench step` (the
     committed ones by default), run on `hardware`, as one report."""
-    rollout_bench = _bench_rows(rollout, "specrl bench rollout")
-    step_bench = _bench_rows(step, "specrl bench step")
+    rollout_bench = _bench_rows(rollout, "specrl bench rollout", hardware)
+    step_bench = _bench_rows(step, "specrl bench step", hardware)
     try:
         decode = fit_decode(rollout_bench["rows"], hardware)
         trainer, generation = fit_trainer(step_bench, decode.efficiency, hardware)
@@ -223,15 +235,11 @@ def load_calibration(path: Path, hardware: str) -> Efficiency:
     """The constants a `specrl simulate calibrate --out` file fitted (the rest at their
     defaults, as in the fit), for planning on the hardware they were fitted on: fitted
     constants do not transfer to other hardware."""
-    try:
-        report = json.loads(path.read_text())
-        fitted, on = report["constants"], report["hardware"]
-    except FileNotFoundError:
-        raise SimError(
-            f"{path}: no such file (write it with `specrl simulate calibrate --out {path}`)"
-        ) from None
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise SimError(f"{path}: not the JSON of `specrl simulate calibrate --out`") from None
+    report = _read_json(path, "specrl simulate calibrate")
+    fitted = report.get("constants") if isinstance(report, dict) else None
+    on = report.get("hardware") if isinstance(report, dict) else None
+    if not isinstance(fitted, dict) or not isinstance(on, str):
+        raise SimError(f"{path}: not the JSON of `specrl simulate calibrate --out`")
     if on.lower() != hardware.lower():
         raise SimError(
             f"{path} was fitted on {on}, not {hardware}: fitted constants do not transfer across "
@@ -240,4 +248,8 @@ def load_calibration(path: Path, hardware: str) -> Efficiency:
     unknown = sorted(set(fitted) - set(Efficiency.model_fields))
     if unknown:
         raise SimError(f"{path}: unknown constants {', '.join(unknown)}")
-    return Efficiency(**fitted)
+    try:
+        return Efficiency(**fitted)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise SimError(f"{path}: constant {first['loc'][0]}: {first['msg']}") from None

@@ -2,21 +2,26 @@
 simulation of a batch of responses whose lengths have a long tail.
 
 One forward over `tokens` query tokens with `batch` sequences of mean context c, on g
-devices (tensor parallel, or expert parallel for MoE layers) per pipeline stage, costs
+tensor-parallel devices per pipeline stage, costs
 
   t = max(bytes / (g * bw * mem_eff), flops / (g * peak * compute_eff)) + comm + overheads
   bytes = streamed weights + batch * c * KV bytes/token + logits (tokens * vocab * 4 B * 2)
   flops = tokens * flops_per_token(c)
-  comm  = per layer (g > 1): 2 all-reduces of the tokens' hidden states over NVLink (TP);
-          with expert parallelism, MoE layers instead 1 all-reduce (attention) and 2
-          all-to-alls (dispatch, combine) of the tokens' top-k copies that leave a device
+  comm  = per layer (g > 1): 2 all-reduces of the tokens' hidden states over NVLink
 
-With pp pipeline stages (each 1/pp of the layers on its own g devices) the batch runs as
-m = min(pp, batch) micro-batches in flight, as vLLM's pipeline-parallel engine does, and
-a step of every sequence takes max(m, pp) stage times, each stage time the roofline of
-1/pp of the model over batch/m sequences plus the activation hop to the next stage. So
-pipelining divides KV reads and compute by pp but not weight reads (each micro-batch
-reads its stage's weights again): it buys memory capacity, not decode speed.
+Expert parallelism is vLLM's data-parallel attention with expert-parallel MoE layers
+(`--data-parallel-size g --enable-expert-parallel`, the layout whose MoE layers use
+all-to-all): every device holds every dense weight and the output head and runs its 1/g
+of the sequences; the experts are split over the g devices; each MoE layer dispatches
+and combines the tokens' top-k copies, (g-1)/g of which leave their device, in two
+all-to-alls (uniform routing, no load imbalance).
+
+With pp pipeline stages (each 1/pp of the layers on its own devices; the last also holds
+the output head) the batch runs as m = min(pp, batch) micro-batches in flight, as vLLM's
+pipeline-parallel engine does, and a step of every sequence takes pp stage times (each
+timed as the last, the slowest) plus pp - 1 activation hops. So pipelining divides KV
+reads and compute by pp but not weight reads (each micro-batch reads its stage's weights
+again): it buys memory capacity, not decode speed.
 
 Decode reads every weight once per step whatever the batch, so small batches are
 memory-bound and verifying k+1 tokens per sequence is nearly free there; large batches
@@ -61,8 +66,14 @@ class Replica:
 
     @property
     def weight_bytes(self) -> float:
+        """Weights held across the replica's devices (policy + draft); with expert
+        parallelism every device holds its own copy of all but the experts."""
+        replicated = 0.0
+        if self.expert_parallel:
+            shapes = [self.model] + ([self.draft] if self.draft else [])
+            replicated = sum(m.params - m.layers * m.experts * m.expert_params for m in shapes)
         draft = self.draft.params if self.draft else 0
-        return (self.model.params + draft) * self.hw.dtype_bytes
+        return (self.model.params + draft + (self.gpus - 1) * replicated) * self.hw.dtype_bytes
 
     def kv_bytes_per_token(self) -> float:
         draft = self.draft.kv_elements_per_token if self.draft else 0
@@ -85,22 +96,31 @@ class Replica:
 
     def forward_seconds(self, shape: ModelShape, batch: float, query: int, context: float) -> float:
         """Roofline time of one forward of `shape` over `batch` sequences x `query` tokens
-        (through every pipeline stage: see the module docstring)."""
+        through every pipeline stage (see the module docstring)."""
         hw, eff, g, pp = self.hw, self.eff, self.gpus, self.pp
         micro = max(1.0, min(pp, batch))  # micro-batches in flight
         tokens = batch / micro * query  # per micro-batch
-        bytes_ = (
-            shape.streamed_params(tokens) * hw.dtype_bytes
-            + batch / micro * context * shape.kv_elements_per_token * hw.dtype_bytes
-            + tokens * shape.vocab * LOGIT_BYTES
-        ) / pp
-        flops = tokens * shape.flops_per_token(context) / pp
-        stage = max(bytes_ / (g * hw.mem_bw * eff.mem_eff), flops / (g * hw.peak_flops * eff.compute_eff))
+        head = shape.head_params + shape.extra_params  # on the last stage
+        dense = shape.layers * shape.dense_layer_params
+        experts = shape.streamed_params(tokens) - dense - head  # the experts the tokens reach
+        layer_flops = tokens * (shape.flops_per_token(context) - 2.0 * head)
+        kv = batch / micro * context * shape.kv_elements_per_token
+        logits = tokens * shape.vocab * LOGIT_BYTES
+        if self.expert_parallel:  # per device: all dense weights, 1/g of experts and sequences
+            weights = (dense / pp + head) + experts / pp / g
+            device_bytes = weights * hw.dtype_bytes + (kv / pp * hw.dtype_bytes + logits) / g
+        else:  # per device: 1/g of everything
+            device_bytes = ((dense + experts) / pp + head + kv / pp) * hw.dtype_bytes / g + logits / g
+        device_flops = (layer_flops / pp + tokens * 2.0 * head) / g
+        stage = max(
+            device_bytes / (hw.mem_bw * eff.mem_eff), device_flops / (hw.peak_flops * eff.compute_eff)
+        )
         stage += shape.layers / pp * self._layer_comm_seconds(shape, tokens)
-        if pp > 1:  # the activations' hop to the next stage, inside the NVLink domain or not
+        hops = 0.0
+        if pp > 1:  # the activations' way to the next stage, inside the NVLink domain or not
             link = hw.nvlink_bw if self.devices <= hw.nvlink_domain else hw.network_bw
-            stage += eff.collective_latency_s + tokens * shape.hidden * hw.dtype_bytes / link
-        return max(micro, pp) * stage
+            hops = (pp - 1) * (eff.collective_latency_s + tokens * shape.hidden * hw.dtype_bytes / link)
+        return pp * stage + hops
 
     def _layer_comm_seconds(self, shape: ModelShape, tokens: float) -> float:
         """One layer's collectives over a stage's g devices for `tokens` tokens."""
@@ -108,13 +128,12 @@ class Replica:
         if g == 1:
             return 0.0
         hidden_bytes = tokens * shape.hidden * hw.dtype_bytes
-        all_reduce = latency + hidden_bytes * 2 * (g - 1) / g / hw.nvlink_bw  # ring
-        if not (self.expert_parallel and shape.is_moe):
-            return 2 * all_reduce
-        # each device dispatches its 1/g share of the tokens; a top-k copy leaves it with
-        # probability (g-1)/g under uniform routing; the combine brings them back
-        all_to_all = latency + hidden_bytes / g * shape.experts_per_token * (g - 1) / g / hw.nvlink_bw
-        return all_reduce + 2 * all_to_all
+        if not self.expert_parallel:  # tensor parallel: attention and MLP outputs, ring
+            return 2 * (latency + hidden_bytes * 2 * (g - 1) / g / hw.nvlink_bw)
+        if not shape.is_moe:  # data parallel: nothing to exchange
+            return 0.0
+        # dispatch and combine: each device's 1/g of the tokens, top-k copies, (g-1)/g leave
+        return 2 * (latency + hidden_bytes / g * shape.experts_per_token * (g - 1) / g / hw.nvlink_bw)
 
     def step_seconds(self, batch: float, context: float) -> float:
         """One engine step: k sequential draft forwards, then the target verifying k+1

@@ -25,7 +25,7 @@ from specrl.sim.step import Layout, StepResult, Workload, simulate_step
 MAX_SPLITS = 32  # generation GPU counts tried (evenly spaced when there are more)
 REPRESENTATIVES = 64  # length quantiles per simulated batch: coarser than validation, 4x faster
 TP_CHOICES = (1, 2, 4, 8, 16)
-TIE = 1e-3  # steps this close to the fastest count as equally fast
+TIE = 0.01  # steps within 1% of the fastest count as equally fast (below the model's precision)
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Plan:
             "    engine:\n"
             f"      tensor_parallel_size: {tp}\n"
             f"      max_num_seqs: {layout.max_num_seqs}\n"
-            f"      max_model_len: {work.prompt_tokens + work.max_response_tokens}\n"
+            f"      max_model_len: {work.max_sequence_tokens()}\n"
             "    speculation:\n" + speculation + "trainer:\n"
             f"  nodes: {dp}\n"
             f"  procsPerNode: {per_node}\n"
@@ -116,17 +116,22 @@ class Plan:
         }
 
 
-def trainer_dp(train_gpus: int, gpus_per_node: int) -> int:
-    """The trainer's data-parallel size in the layouts the planner deploys (specrl's
-    trainer is tensor x data parallel): tensor parallel inside a node, a replica per node."""
-    return train_gpus // min(gpus_per_node, train_gpus)
+def deployable_layout(gen: int, train: int, tp: int, gpus_per_node: int) -> Layout:
+    """A disaggregated layout as the chart deploys it: replicas of `tp` GPUs, the trainer
+    tensor parallel inside a node and data parallel across nodes."""
+    return Layout(gen_gpus=gen, train_gpus=train, gen_tp=tp, train_tp=min(gpus_per_node, train))
 
 
-def _gen_counts(total: int, unit: int, gpus_per_node: int, samples: int) -> list[int]:
-    """Generation GPU counts to try: multiples of `unit` whose remaining training GPUs give
-    a trainer dp that divides the batch (the trainer refuses a batch its ranks cannot
-    share), at most MAX_SPLITS of them, evenly spaced."""
-    counts = [g for g in range(unit, total, unit) if samples % trainer_dp(total - g, gpus_per_node) == 0]
+def _gen_counts(total: int, tp: int, gpus_per_node: int, samples: int) -> list[int]:
+    """Generation GPU counts to try: multiples of whole nodes and replicas whose remaining
+    training GPUs give a trainer dp that divides the batch (the trainer refuses a batch
+    its ranks cannot share), at most MAX_SPLITS of them, evenly spaced."""
+    unit = int(np.lcm(tp, gpus_per_node))
+    counts = [
+        g
+        for g in range(unit, total, unit)
+        if samples % deployable_layout(g, total - g, tp, gpus_per_node).train_dp == 0
+    ]
     if len(counts) > MAX_SPLITS:
         counts = sorted({counts[int(i)] for i in np.linspace(0, len(counts) - 1, MAX_SPLITS)})
     return counts
@@ -169,15 +174,14 @@ def plan(
 
     candidates: list[tuple[Layout, Speculation, int, StepResult]] = []
     for tp in (t for t in TP_CHOICES if t <= hw.nvlink_domain):
-        gens = _gen_counts(gpus, int(np.lcm(tp, hw.gpus_per_node)), hw.gpus_per_node, workload.samples)
+        gens = _gen_counts(gpus, tp, hw.gpus_per_node, workload.samples)
         if not gens:
             reasons.add(
                 f"with {tp} GPUs per replica, no split leaves a trainer dp (training nodes) that divides "
                 f"the {workload.samples} samples per step"
             )
         for gen in gens:
-            train = gpus - gen
-            layout = Layout(gen_gpus=gen, train_gpus=train, gen_tp=tp, train_tp=min(hw.gpus_per_node, train))
+            layout = deployable_layout(gen, gpus - gen, tp, hw.gpus_per_node)
             for spec in (draft.with_k(k) for k in sorted({0, *ks})):
                 for lag in sorted({0, *lags}):
                     result = step(layout, spec, lag)
@@ -190,9 +194,10 @@ def plan(
     if baseline is None or not allowed:
         raise SimError(f"no layout of {gpus} x {hw.name} fits {model.name}: " + "; ".join(sorted(reasons)))
     fastest = min(c[3].step_s for c in allowed)
-    # ties (within TIE of the fastest step, e.g. every k and TP once generation hides
-    # behind training) go to the fewest GPUs per replica (no replica spanning pods where
-    # none is needed), then to the fastest generation (the most headroom for the tail)
+    # ties (within TIE of the fastest step: e.g. every k once generation hides behind
+    # training, or replicas of more GPUs that only shorten the weight push) go to the
+    # fewest GPUs per replica (no replica spanning pods where none is needed), then to the
+    # fastest generation (the most headroom for the tail)
     tied = [c for c in allowed if c[3].step_s <= fastest * (1 + TIE)]
     layout, spec, lag, result = min(tied, key=lambda c: (c[0].gen_tp, c[3].gen_s))
     return Plan(layout, spec, lag, result, baseline, hw.gpus_per_node, workload)

@@ -97,6 +97,8 @@ def parse_acceptance(
         ) from None
     if len(values) > MAX_K:
         raise SimError(f"per-position acceptance has {len(values)} values; drafts are at most {MAX_K} long")
+    if any(not 0.0 <= v <= 1.0 for v in values):
+        raise SimError(f"per-position acceptance values must lie in [0, 1], got {per_position!r}")
     return Speculation(method=method, k=len(values), acceptance=values)
 
 

@@ -65,11 +65,10 @@ class Workload(BaseModel):
         raw = _lognormal_quantiles(self.prompt_tokens, self.prompt_sigma, count)
         return np.random.default_rng(1).permutation(np.maximum(np.round(raw), 1))
 
-    @property
-    def max_sequence_tokens(self) -> int:
-        """The longest prompt plus the response cap: what a replica's KV and vLLM's
-        max_model_len must hold."""
-        return int(self.prompt_lengths().max()) + self.max_response_tokens
+    def max_sequence_tokens(self, count: int = REPRESENTATIVES) -> int:
+        """The longest of `count` prompt lengths plus the response cap: what a replica's KV
+        and vLLM's max_model_len must hold."""
+        return int(self.prompt_lengths(count).max()) + self.max_response_tokens
 
 
 def _lognormal_quantiles(mean: float, sigma: float, count: int) -> np.ndarray:
@@ -175,7 +174,7 @@ def simulate_step(
         expert_parallel=layout.gen_ep,
     )
     # the longest sequence must fit beside the weights (slots are counted at the mean length)
-    replica.kv_slots(workload.max_sequence_tokens)
+    replica.kv_slots(workload.max_sequence_tokens(representatives))
 
     in_flight = max(lag, 1)
     lengths = workload.response_lengths(representatives)

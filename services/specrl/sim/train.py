@@ -4,19 +4,23 @@ tensor x pipeline x data parallel layout, and whether its states fit.
 Per pass over the batch (N_tok tokens, F(c) forward FLOPs per token at mean context c) on
 G = tp * pp * dp GPUs, with M micro-batches per data-parallel rank:
 
-  forward  = (N_tok * F(c) / (G * peak * mfu) + M * layers/pp * 2 * all_reduce(tp)) * bubble
-  bubble   = 1 + (pp - 1) / M                               (1F1B pipeline fill and drain)
-  logprob  = passes * forward                                (logprob_mfu)
-  train    = epochs * (3 * forward + the data-parallel gradient sync the backward pass
-             does not hide)                                  (train_mfu; backward = 2 forwards,
-                                                              with its own 2 all-reduces per layer)
-  grad sync = reduce-scatter + all-gather of the bf16 shard of weights over dp
-             (NVLink inside the NVLink domain, the NIC beyond it)
+  compute  = N_tok * F(c) / (G * peak)                       (seconds at 100% of peak)
+  tp_comm  = M * layers/pp * 2 * all_reduce(one micro-batch's hidden states)   (tp > 1)
+  bubble   = 1 + (pp - 1) / M                                (1F1B pipeline fill and drain)
+  logprob  = passes * (compute / logprob_mfu + tp_comm) * bubble
+  train    = epochs * (3 * compute / train_mfu + 2 * tp_comm) * bubble
+             (backward = 2 forwards of FLOPs, and its own 2 all-reduces per layer)
+
+Memory is ZeRO-3 / FSDP (specrl's trainer is FSDP2 + tensor parallel): weights, grads and
+optimizer states sharded over all G GPUs. The data-parallel traffic that goes with it
+(parameter all-gathers, gradient reduce-scatters) is assumed hidden behind compute by
+prefetching and is not in the time: at a large dp over the NIC (e.g. 235B over 512 GPUs,
+~9 s per all-gather of a bf16 copy at 50 GB/s) it would not be, so read such a layout's
+training time as a lower bound.
 
 Two MFUs: a forward-only pass and a training pass run different kernels and batch shapes
 (specrl's CPU trainer measured its forward-only pass at under half the training pass's
-FLOP rate). The MFUs are the kernels' efficiency: tensor-parallel all-reduces, pipeline
-bubbles and exposed gradient sync are added explicitly."""
+FLOP rate)."""
 
 from __future__ import annotations
 
@@ -78,19 +82,12 @@ def trainer_seconds(
     dp = gpus // (tp * pp)
     micro = max(1, math.ceil(tokens / dp / micro_batch_tokens))
     bubble = 1 + (pp - 1) / micro
-    flops_s = tokens * model.flops_per_token(context) / (gpus * hw.peak_flops)  # at 100% of peak
-    all_reduce = 0.0
+    compute = tokens * model.flops_per_token(context) / (gpus * hw.peak_flops)
+    tp_comm = 0.0
     if tp > 1:
         message = tokens / dp / micro * model.hidden * hw.dtype_bytes
         all_reduce = eff.collective_latency_s + message * 2 * (tp - 1) / tp / hw.nvlink_bw
-    tp_comm = micro * model.layers / pp * 2 * all_reduce  # one forward's all-reduces
-    logprob = logprob_passes * (flops_s / eff.logprob_mfu + tp_comm) * bubble
-    forward = flops_s / eff.train_mfu
-    train_pass = (3 * forward + 2 * tp_comm) * bubble  # forward and backward all-reduce
-    grad_sync = 0.0
-    if dp > 1:
-        link = hw.nvlink_bw if gpus <= hw.nvlink_domain else hw.network_bw
-        shard = model.params / (tp * pp) * hw.dtype_bytes
-        grad_sync = 2 * shard * (dp - 1) / dp / link
-    exposed_sync = max(0.0, grad_sync - 2 * forward * bubble)  # overlapped with the backward pass
-    return logprob, epochs * (train_pass + exposed_sync)
+        tp_comm = micro * model.layers / pp * 2 * all_reduce
+    logprob = logprob_passes * (compute / eff.logprob_mfu + tp_comm) * bubble
+    train = epochs * (3 * compute / eff.train_mfu + 2 * tp_comm) * bubble
+    return logprob, train
