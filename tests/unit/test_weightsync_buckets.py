@@ -8,6 +8,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
+from specrl.weightsync.buffers import BucketBuffers
 from specrl.weightsync.group import JoinInfo, WeightGroup, host_store
 from specrl.weightsync.manifest import ALIGN, Manifest, ManifestError, TensorSpec, pack, plan, unpack
 from specrl.weightsync.names import Expected, to_checkpoint_name
@@ -157,3 +158,49 @@ def test_real_gloo_group_broadcasts_buckets_to_every_receiver():
         assert result["ok"] and result["buckets"] == len(m.bucket_bytes) and result["bytes"] == m.total_bytes
         for name, t in named:
             assert torch.equal(got[name], t), name
+
+
+def test_bucket_buffers_are_reused_only_once_no_view_survives():
+    pool = BucketBuffers(torch.device("cpu"), keep=2)
+    first = pool.take(64)
+    first.fill_(1)
+    del first
+    again = pool.take(32)  # the same memory: nothing holds the first buffer any more
+    assert pool.allocated == 1 and again.numel() == 32
+    kept = again[8:16].view(torch.int16)  # what a loader keeps until its layer is complete
+    del again
+    other = pool.take(64)
+    assert pool.allocated == 2  # the viewed buffer was not handed out again
+    other.fill_(7)
+    assert torch.equal(kept, torch.full((4,), 0x0101, dtype=torch.int16))  # untouched
+    del other, kept
+    held = [pool.take(64), pool.take(64)]  # both free again
+    assert pool.allocated == 2
+    held.append(pool.take(64))  # a third at once: allocated, not pooled (keep=2)
+    assert pool.allocated == 3 and len(pool._pool) == 2
+    assert BucketBuffers(torch.device("meta")).take(8).device.type == "meta"  # not pooled off CPU
+
+
+def test_receive_reuses_bucket_buffers_unless_the_loader_keeps_views(monkeypatch):
+    import specrl.weightsync.receiver as receiver
+
+    named = [(f"w{i}", torch.full((16,), float(i))) for i in range(12)]
+    m = plan([(n, t.shape, t.dtype) for n, t in named], bucket_bytes=64)  # 12 buckets of 64 bytes
+    group = WeightGroup(host_store("127.0.0.1", 0, 30), kind="policy", epoch=1, rank=0,
+                        world_size=1, backend="gloo", timeout_s=30)  # fmt: skip
+    pools: list[BucketBuffers] = []
+
+    class Counting(BucketBuffers):  # the real pool, counted
+        def __init__(self, device: torch.device) -> None:
+            super().__init__(device)
+            pools.append(self)
+
+    monkeypatch.setattr(receiver, "BucketBuffers", Counting)
+    copied: dict[str, torch.Tensor] = {}
+    result = receive(group, m, lambda b: copied.update((n, t.clone()) for n, t in b), torch.device("cpu"))
+    assert result["ok"] and len(m.bucket_bytes) == 12
+    assert pools[-1].allocated <= 3  # one on the wire, one loading, one the collective lets go late
+    held: dict[str, torch.Tensor] = {}
+    receive(group, m, held.update, torch.device("cpu"))  # keeps views of every bucket
+    assert pools[-1].allocated == 12
+    group.close()

@@ -5,8 +5,11 @@ For each model size a random Qwen3 checkpoint is written, real rollout servers (
 load it, and a WeightSender pushes new versions to 1 and then 2 of them: Begin (manifest
 check, drain), bucketed broadcast, load_weights with vLLM's layerwise reload, Commit
 (prefix-cache reset, version switch). The baseline is the same bucket layout broadcast
-with `torch.distributed.broadcast` into receivers that do nothing else. Efficiency is
-raw seconds / specrl seconds: the share of raw bandwidth specrl keeps end to end.
+with `torch.distributed.broadcast` into receivers that do nothing else (each bucket's
+buffer allocated once, so the warm-up round faults its pages in). Efficiency is raw
+seconds / specrl seconds: the share of raw bandwidth specrl keeps end to end. Each row
+also gives where the receivers' time went (`GetStatus`: the slowest engine worker's time
+in vLLM's weight loader and waiting for buckets on the wire).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -27,8 +29,10 @@ import torch.multiprocessing as mp
 from rich.console import Console
 from rich.table import Table
 
+from specrl.bench.report import machine
 from specrl.config import RolloutServerConfig, WeightSenderConfig, resolve_model_path
 from specrl.launcher import ServiceProcess, start_all
+from specrl.rollout.client import RolloutClient
 from specrl.weightsync.sender import WeightSender
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 1024, 3072, 16, 8, 64
@@ -83,9 +87,12 @@ def _raw_receiver(rank: int, world: int, port: int, buckets: list[int], repeats:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=600),
     )  # fmt: skip
+    # each bucket's buffer allocated once and reused (the warm-up round faults its pages
+    # in): the bare transfer, nothing else, as the baseline
+    received = [torch.empty(size, dtype=torch.uint8) for size in buckets]
     for _ in range(repeats + 1):
-        for size in buckets:
-            dist.broadcast(torch.empty(size, dtype=torch.uint8), src=0)
+        for flat in received:
+            dist.broadcast(flat, src=0)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -123,6 +130,16 @@ def raw_broadcast_seconds(buckets: list[int], receivers: int, repeats: int) -> l
     return times
 
 
+def _receivers_time(servers: list[ServiceProcess]) -> tuple[float, float]:
+    """The last update's slowest receiver: seconds in the engine's loader, seconds waiting
+    for buckets on the wire."""
+    states = []
+    for s in servers:
+        with RolloutClient(s.address) as client:
+            states.append(client.status().weight_sync)
+    return max(w.last_load_seconds for w in states), max(w.last_wait_seconds for w in states)
+
+
 def run_weightsync_bench(
     out: Path, *, sizes: list[str], repeats: int, bucket_mb: float, console: Console
 ) -> list[dict]:
@@ -143,13 +160,14 @@ def run_weightsync_bench(
             try:
                 for receivers, server in ((1, servers[0]), (2, servers[1])):
                     sender.add_replica(server.address)  # the second one is caught up here
-                    times, phases = [], []
+                    times, phases, spent = [], [], []
                     for _ in range(repeats + 1):  # first push warms up, untimed
                         version += 1
                         result = sender.push(version, model.named_parameters)
                         times.append(result.seconds)
                         phases.append(result.phases)
-                    times, phases = times[1:], phases[1:]
+                        spent.append(_receivers_time(servers[:receivers]))
+                    times, phases, spent = times[1:], phases[1:], spent[1:]
                     manifest = sender.manifest_for(model.named_parameters)
                     raw = raw_broadcast_seconds(list(manifest.bucket_bytes), receivers, repeats)
                     row = {
@@ -163,6 +181,8 @@ def run_weightsync_bench(
                         "specrl_runs": times,
                         "raw_runs": raw,
                         "phases": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
+                        "receiver_load_seconds": statistics.median(s[0] for s in spent),
+                        "receiver_wait_seconds": statistics.median(s[1] for s in spent),
                     }
                     row["specrl_GBps"] = row["bytes"] / row["specrl_seconds"] / 1e9
                     row["raw_GBps"] = row["bytes"] / row["raw_seconds"] / 1e9
@@ -188,7 +208,7 @@ def _write(out: Path, rows: list[dict], *, repeats: int, bucket_mb: float) -> No
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "command": f"specrl bench weightsync --out {out}",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
+        "machine": machine() | {"torch": torch.__version__},
         "repeats": repeats,
         "bucket_mb": bucket_mb,
         "backend": "gloo (loopback)",
@@ -222,14 +242,16 @@ def _plot(path: Path, rows: list[dict]) -> None:
 
 def markdown_table(rows: list[dict]) -> str:
     lines = [
-        "| model | bytes | receivers | specrl s | raw s | specrl GB/s | raw GB/s | efficiency |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | bytes | receivers | specrl s | raw s | specrl GB/s | raw GB/s | efficiency "
+        "| receiver: loading s | receiver: waiting on the wire s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['size']} ({r['params'] / 1e6:.0f}M) | {r['bytes'] / 1e6:.0f} MB | {r['receivers']} | "
             f"{r['specrl_seconds']:.3f} | {r['raw_seconds']:.3f} | {r['specrl_GBps']:.2f} | "
-            f"{r['raw_GBps']:.2f} | {r['efficiency']:.0%} |"
+            f"{r['raw_GBps']:.2f} | {r['efficiency']:.0%} | {r['receiver_load_seconds']:.3f} | "
+            f"{r['receiver_wait_seconds']:.3f} |"
         )
     return "\n".join(lines)
 

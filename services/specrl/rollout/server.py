@@ -161,6 +161,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             draft_epoch=w.epochs.get("draft", 0),
             last_seconds=w.last_seconds,
             last_bytes=w.last_bytes,
+            last_load_seconds=w.last_load_seconds,
+            last_wait_seconds=w.last_wait_seconds,
         )
 
     async def _weight_call(self, context, call) -> None:

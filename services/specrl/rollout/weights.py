@@ -81,6 +81,8 @@ class WeightUpdater:
         self.pending: _Pending | None = None
         self.last_seconds = 0.0
         self.last_bytes = 0
+        self.last_load_seconds = 0.0  # of last_seconds: in the engine's loader
+        self.last_wait_seconds = 0.0  # of last_seconds: waiting for buckets on the wire
         self._expected: dict[str, dict[str, Expected]] = {}
         self._publish()
 
@@ -298,7 +300,7 @@ class WeightUpdater:
             if touched and not await self.engine.reset_prefix_cache():
                 log.error("prefix cache reset refused after %s v%d", kind, p.version)
             if result["ok"] and not p.aborted:
-                self._switch(p)
+                self._switch(p, result)
                 outcome = "committed"
             else:
                 outcome = "aborted" if p.aborted else "failed"
@@ -316,7 +318,7 @@ class WeightUpdater:
             self.gate.open()
             self._publish()
 
-    def _switch(self, p: _Pending) -> None:
+    def _switch(self, p: _Pending, received: dict) -> None:
         seconds = time.perf_counter() - p.t0
         self.versions[p.kind] = p.version
         if p.kind == "draft":
@@ -324,8 +326,18 @@ class WeightUpdater:
         self.synced.add(p.kind)
         self.dirty.pop(p.kind, None)
         self.last_seconds, self.last_bytes = seconds, p.nbytes
+        self.last_load_seconds = received.get("load_seconds", 0.0)
+        self.last_wait_seconds = received.get("wait_seconds", 0.0)
         m = self.metrics
         m.weight_sync_seconds.labels(kind=p.kind).observe(seconds)
         m.weight_sync_bytes.labels(kind=p.kind).inc(p.nbytes)
         m.weight_sync_bandwidth.labels(kind=p.kind).set(p.nbytes / seconds if seconds > 0 else 0)
-        log.info("%s v%d committed (%d bytes in %.3fs)", p.kind, p.version, p.nbytes, seconds)
+        log.info(
+            "%s v%d committed (%d bytes in %.3fs: loading %.3fs, waiting on the wire %.3fs)",
+            p.kind,
+            p.version,
+            p.nbytes,
+            seconds,
+            self.last_load_seconds,
+            self.last_wait_seconds,
+        )

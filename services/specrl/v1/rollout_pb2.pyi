@@ -274,7 +274,7 @@ class AbortWeightUpdateRequest(_message.Message):
     def __init__(self, kind: _Optional[_Union[WeightKind, str]] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WeightSyncState(_message.Message):
-    __slots__ = ("policy_version", "draft_version", "draft_policy_version", "ready", "detail", "state", "policy_epoch", "draft_epoch", "last_seconds", "last_bytes", "pending_kind")
+    __slots__ = ("policy_version", "draft_version", "draft_policy_version", "ready", "detail", "state", "policy_epoch", "draft_epoch", "last_seconds", "last_bytes", "pending_kind", "last_load_seconds", "last_wait_seconds")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +286,8 @@ class WeightSyncState(_message.Message):
     LAST_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LAST_BYTES_FIELD_NUMBER: _ClassVar[int]
     PENDING_KIND_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     draft_version: int
     draft_policy_version: int
@@ -297,4 +299,6 @@ class WeightSyncState(_message.Message):
     last_seconds: float
     last_bytes: int
     pending_kind: str
-    def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., draft_policy_version: _Optional[int] = ..., ready: _Optional[bool] = ..., detail: _Optional[str] = ..., state: _Optional[str] = ..., policy_epoch: _Optional[int] = ..., draft_epoch: _Optional[int] = ..., last_seconds: _Optional[float] = ..., last_bytes: _Optional[int] = ..., pending_kind: _Optional[str] = ...) -> None: ...
+    last_load_seconds: float
+    last_wait_seconds: float
+    def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., draft_policy_version: _Optional[int] = ..., ready: _Optional[bool] = ..., detail: _Optional[str] = ..., state: _Optional[str] = ..., policy_epoch: _Optional[int] = ..., draft_epoch: _Optional[int] = ..., last_seconds: _Optional[float] = ..., last_bytes: _Optional[int] = ..., pending_kind: _Optional[str] = ..., last_load_seconds: _Optional[float] = ..., last_wait_seconds: _Optional[float] = ...) -> None: ...

@@ -141,10 +141,17 @@ def plan(specs: Iterable[tuple[str, Sequence[int], torch.dtype]], bucket_bytes: 
     return Manifest(tuple(tensors), tuple(sizes)).validate()
 
 
-def pack(specs: Sequence[TensorSpec], tensors: Sequence[torch.Tensor], size: int) -> torch.Tensor:
-    """One bucket: the tensors' bytes at their offsets (on the tensors' device)."""
-    device = tensors[0].device if tensors else torch.device("cpu")
-    flat = torch.empty(size, dtype=torch.uint8, device=device)  # alignment gaps are never read
+def pack(
+    specs: Sequence[TensorSpec], tensors: Sequence[torch.Tensor], size: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One bucket: the tensors' bytes at their offsets, in `out` (a uint8 buffer of `size`
+    bytes) or in a new buffer on the tensors' device."""
+    if out is None:
+        device = tensors[0].device if tensors else torch.device("cpu")
+        out = torch.empty(size, dtype=torch.uint8, device=device)
+    elif out.numel() != size or out.dtype != torch.uint8:
+        raise ValueError(f"pack needs a uint8 buffer of {size} bytes, got {out.numel()} x {out.dtype}")
+    flat = out  # alignment gaps are never read
     for spec, t in zip(specs, tensors, strict=True):
         if tuple(t.shape) != spec.shape or dtype_name(t.dtype) != spec.dtype:
             raise ManifestError(

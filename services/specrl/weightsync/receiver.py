@@ -1,6 +1,6 @@
 """Receiving side of an update, engine-agnostic: check a manifest against the checkpoint
-an engine serves, then take the buckets off the group one at a time and hand each to
-the engine's loader."""
+an engine serves, then take the buckets off the group one at a time (into reused
+buffers, buffers.py) and hand each to the engine's loader."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from specrl.weightsync.buffers import BucketBuffers
 from specrl.weightsync.group import WeightGroup
 from specrl.weightsync.manifest import Manifest, ManifestError, unpack
 from specrl.weightsync.names import Expected, dtype_compatible
@@ -51,13 +52,16 @@ def receive(
 ) -> dict:
     """Receive every bucket and load it. Never raises: returns what happened, including
     how many buckets had already been loaded when it failed (0 means the engine's
-    weights are untouched)."""
+    weights are untouched), and where the time went: `load_seconds` in the engine's
+    loader, `wait_seconds` waiting for a bucket still on the wire."""
     t0 = time.perf_counter()
     done = 0
+    spent = {"load_seconds": 0.0, "wait_seconds": 0.0}
     sizes = manifest.bucket_bytes
+    buffers = BucketBuffers(device)  # a bucket's buffer is reused once nothing views it
 
     def post(index: int):
-        flat = torch.empty(sizes[index], dtype=torch.uint8, device=device)
+        flat = buffers.take(sizes[index])
         return flat, group.start_broadcast(flat)
 
     try:
@@ -65,15 +69,21 @@ def receive(
         nxt = post(0) if sizes else None
         for index in range(len(sizes)):
             flat, work = nxt
+            t = time.perf_counter()
             work.wait()
+            spent["wait_seconds"] += time.perf_counter() - t
             nxt = post(index + 1) if index + 1 < len(sizes) else None
+            t = time.perf_counter()
             load(unpack(flat, manifest.bucket(index)))
+            spent["load_seconds"] += time.perf_counter() - t
+            del flat  # the loader's views, if it kept any, hold the buffer, not this name
             done += 1
         return {
             "ok": True,
             "buckets": done,
             "bytes": manifest.total_bytes,
             "seconds": time.perf_counter() - t0,
+            **spent,
         }
     except Exception as e:
         log.error("weight receive failed after %d of %d buckets: %s", done, len(manifest.bucket_bytes), e)
@@ -82,4 +92,5 @@ def receive(
             "buckets": done,
             "error": f"{type(e).__name__}: {e}",
             "seconds": time.perf_counter() - t0,
+            **spent,
         }

@@ -28,6 +28,7 @@ from specrl.config import WeightSenderConfig
 from specrl.metrics import WeightSenderMetrics
 from specrl.v1 import rollout_pb2 as pb
 from specrl.v1 import rollout_pb2_grpc as pb_grpc
+from specrl.weightsync.buffers import BucketBuffers
 from specrl.weightsync.group import WeightGroup, host_store, pick_backend
 from specrl.weightsync.manifest import DTYPES, Manifest, pack, plan
 from specrl.weightsync.names import to_checkpoint_name
@@ -366,6 +367,7 @@ class WeightSender:
         """Pack bucket i+1 while bucket i is on the wire (two buckets in memory at most)."""
         tensors = self._tensors(source)
         in_flight = None
+        buffers: BucketBuffers | None = None  # on the source's device, reused once sent
         for index, size in enumerate(manifest.bucket_bytes):
             specs = manifest.bucket(index)
             batch = []
@@ -374,10 +376,12 @@ class WeightSender:
                 if name != spec.name:
                     raise WeightSyncError(f"source order changed during the push: {name} != {spec.name}")
                 batch.append(t)
-            flat = pack(specs, batch, size).to(group.device)
+            buffers = buffers or BucketBuffers(batch[0].device if batch else torch.device("cpu"))
+            flat = pack(specs, batch, size, buffers.take(size)).to(group.device)
             if in_flight is not None:
                 in_flight.wait()
             in_flight = group.start_broadcast(flat)
+            del flat  # the pending broadcast holds it until it is waited on and replaced
         if in_flight is not None:
             in_flight.wait()
 

@@ -245,6 +245,8 @@ class VllmEngine:
             "buckets": min(r["buckets"] for r in results),
             "bytes": results[0].get("bytes", 0),
             "seconds": max(r["seconds"] for r in results),
+            "load_seconds": max(r.get("load_seconds", 0.0) for r in results),
+            "wait_seconds": max(r.get("wait_seconds", 0.0) for r in results),
             "error": "; ".join(r["error"] for r in failed),
         }
 
