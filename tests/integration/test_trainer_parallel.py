@@ -3,11 +3,12 @@ DP=2 (two processes, real gloo groups) gives the same loss, metrics and updated 
 as one process on the same batch.
 
 Tolerance: float32, only the order of reductions differs (sharded matmuls, all-reduce,
-reduce-scatter), so 1e-5 relative on loss, metrics and gradient norm, and 2e-5 absolute
-on every weight after one AdamW step with lr 1e-3: Adam's first step is ~lr * sign(g),
-which turns float rounding in near-zero gradients into differences of a few 1e-6
-(measured max 5.4e-6), while a wrong split, a missed gradient reduction or a mis-scaled
-loss moves weights by ~1e-3."""
+reduce-scatter), so 1e-5 relative on loss, metrics and gradient norm, and 1e-4 (lr / 10)
+absolute on every weight after one AdamW step with lr 1e-3: Adam's first step is
+lr * g / (|g| + eps), which turns float rounding in gradients near eps into differences
+of up to a few 1e-5 (measured max 5.4e-6 on one machine; 2.2e-5 on another, one element
+of a q_proj with TP=2 and one KV head, transformers 5.19), while a wrong split, a missed
+gradient reduction or a mis-scaled loss moves weights by ~1e-3."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def test_parallel_step_equals_single_process(single, tmp_path, tp, dp, kv_heads)
     assert m.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
     moved = 0.0
     for name, w in want_state.items():
-        torch.testing.assert_close(got["state"][name], w, rtol=0, atol=2e-5, msg=name)
+        torch.testing.assert_close(got["state"][name], w, rtol=0, atol=1e-4, msg=name)
         moved = max(moved, (w - _initial(path)[name]).abs().max().item())
     assert moved > 1e-4, "the step did not move the weights; the comparison would be vacuous"
 
