@@ -178,7 +178,12 @@ def test_bucket_buffers_are_reused_only_once_no_view_survives():
     assert pool.allocated == 2
     held.append(pool.take(64))  # a third at once: allocated, not pooled (keep=2)
     assert pool.allocated == 3 and len(pool._pool) == 2
-    assert BucketBuffers(torch.device("meta")).take(8).device.type == "meta"  # not pooled off CPU
+    meta = BucketBuffers(torch.device("meta"))  # off CPU: never pooled
+    first = meta.take(8)
+    assert first.device.type == "meta"
+    del first
+    meta.take(8)
+    assert meta.allocated == 2
 
 
 def test_receive_reuses_bucket_buffers_unless_the_loader_keeps_views(monkeypatch):

@@ -49,6 +49,16 @@ STEP_WORKLOAD = {"prompts_per_step": 32, "group_size": 8, "max_response_tokens":
 STEP_SLOTS = 16 * 8
 
 
+def error_summary(rows: list[dict]) -> dict:
+    """Count, RMS and largest absolute `rel_error` of fit rows."""
+    errors = np.array([r["rel_error"] for r in rows], dtype=float)
+    return {
+        "points": len(rows),
+        "rms_rel_error": round(float(np.sqrt(np.mean(errors**2))), 4),
+        "max_abs_rel_error": round(float(np.abs(errors).max()), 4),
+    }
+
+
 @dataclass(frozen=True)
 class Fit:
     """Fitted constants and per-point errors (rel_error = predicted / measured - 1)."""
@@ -56,20 +66,8 @@ class Fit:
     efficiency: Efficiency
     rows: list[dict]
 
-    @property
-    def rms_rel_error(self) -> float:
-        return float(np.sqrt(np.mean([r["rel_error"] ** 2 for r in self.rows])))
-
-    @property
-    def max_abs_rel_error(self) -> float:
-        return float(max(abs(r["rel_error"]) for r in self.rows))
-
     def summary(self) -> dict:
-        return {
-            "points": len(self.rows),
-            "rms_rel_error": round(self.rms_rel_error, 4),
-            "max_abs_rel_error": round(self.max_abs_rel_error, 4),
-        }
+        return error_summary(self.rows)
 
 
 def _speculation(row: dict) -> Speculation:

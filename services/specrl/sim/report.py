@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from specrl.bench.report import markdown_table, print_table
-from specrl.sim.calibrate import calibrate
+from specrl.sim.calibrate import calibrate, error_summary
 from specrl.sim.decode import Replica
 from specrl.sim.hardware import GPU_EFFICIENCY
 from specrl.sim.speculation import Speculation
@@ -140,19 +140,10 @@ def validation_markdown(rows: list[dict]) -> str:
 
 
 def _per_method(rows: list[dict]) -> list[dict]:
-    groups: dict[tuple[str, str], list[float]] = {}
+    groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["method"], r["draft"]), []).append(r["rel_error"])
-    return [
-        {
-            "method": method,
-            "draft": draft,
-            "rows": len(errors),
-            "rms_rel_error": round(float(sum(e * e for e in errors) / len(errors)) ** 0.5, 3),
-            "max_abs_rel_error": round(max(abs(e) for e in errors), 3),
-        }
-        for (method, draft), errors in groups.items()
-    ]
+        groups.setdefault((r["method"], r["draft"]), []).append(r)
+    return [{"method": m, "draft": d, **error_summary(group)} for (m, d), group in groups.items()]
 
 
 def tables_markdown(report: dict) -> str:
@@ -172,7 +163,7 @@ def tables_markdown(report: dict) -> str:
             constants, ("constant", "value"))),
         ("Fit errors", markdown_table(fits, ("fit", "points", "rms_rel_error", "max_abs_rel_error"))),
         ("Decode fit per method (`specrl bench rollout` rows)", markdown_table(
-            _per_method(decode), ("method", "draft", "rows", "rms_rel_error", "max_abs_rel_error"))),
+            _per_method(decode), ("method", "draft", "points", "rms_rel_error", "max_abs_rel_error"))),
         ("Decode fit, every row (ms per engine step)", markdown_table(
             decode, ("method", "draft", "k", "concurrency", "measured_ms", "predicted_ms", "rel_error"))),
         ("Trainer fit and the generation check (`specrl bench step` sync rows)", markdown_table(

@@ -1,9 +1,10 @@
 """Flat bucket buffers reused within one update, on CPU, by the sender and the receivers.
 
 A fresh 64 MiB CPU buffer is an mmap whose every page faults on first touch: measured
-here, allocating and filling 25 fresh 64 MiB buffers took 1.27 s against 0.22 s for
-filling one reused buffer 25 times, so a 1.6 GB update could spend about as long
-faulting in pages on each side as on the wire. Reuse is only safe when nothing still
+here on an idle machine, allocating and filling 25 fresh 64 MiB buffers took 0.87 s
+against 0.20 s for filling one reused buffer 25 times, more than the 0.48 s a warm raw
+broadcast of those 1.6 GB takes (end to end the reuse measured 1.02-1.22x, as the
+faults overlap other work; docs/benchmarks.md). Reuse is only safe when nothing still
 reads a buffer: a pending broadcast holds the one it sends or receives, and vLLM's
 layerwise reload keeps views of a bucket's tensors until every tensor of their layer has
 arrived (for a layer larger than a bucket, several buckets later). So a buffer is taken
@@ -35,7 +36,7 @@ class BucketBuffers:
         self.device = device
         self.keep = keep if device.type == "cpu" and _USE_COUNT is not None else 0
         self._pool: list[tuple[torch.Tensor, int]] = []  # buffer, its storage users when idle
-        self.allocated = 0  # buffers allocated (for tests and logs)
+        self.allocated = 0  # buffers allocated (what the tests observe)
 
     def take(self, size: int) -> torch.Tensor:
         """A buffer of exactly `size` bytes, contents undefined. Always a view of the
