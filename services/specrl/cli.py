@@ -169,7 +169,7 @@ def serve_trainer(
     _logging(verbose)
     from specrl.trainer.server import serve
 
-    raise typer.Exit(serve(cfg, ready_file=str(ready_file) if ready_file else None))
+    serve(cfg, ready_file=str(ready_file) if ready_file else None)
 
 
 @serve_app.command("draft-trainer")

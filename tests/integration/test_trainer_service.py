@@ -209,4 +209,5 @@ def test_save_checkpoint_and_stop_every_rank(trainer, tmp_path):
     status = stub.GetStatus(pb.GetTrainerStatusRequest(), timeout=30)
     assert (status.tp, status.dp) == (1, 2)
     ranks[0].stop()
+    assert ranks[0].proc.returncode == 0, ranks[0].log_tail()  # SIGTERM is a clean stop
     assert ranks[1].proc.wait(timeout=60) == 0, "rank 1 did not follow rank 0's stop"

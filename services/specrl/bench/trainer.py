@@ -30,6 +30,7 @@ from specrl.bench.report import markdown_table, print_table
 from specrl.config import TrainerConfig, resolve_model_path
 from specrl.launcher import free_port
 from specrl.trainer.batch import Rollout
+from specrl.trainer.service import exit_distributed
 
 GROUP = 8  # samples per prompt
 MAX_TOKENS = 48
@@ -105,12 +106,10 @@ def _rank(rank: int, world: int, port: int, tp: int, dp: int, micro: int, data: 
     torch.set_num_threads(1)  # two processes on two cores
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        result = _specrl_steps(_trainer_config(tp, dp, micro), torch.load(data, weights_only=False), steps)
-        if rank == 0:
-            Path(data).with_suffix(".out").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
+    result = _specrl_steps(_trainer_config(tp, dp, micro), torch.load(data, weights_only=False), steps)
+    if rank == 0:
+        Path(data).with_suffix(".out").write_text(json.dumps(result))
+    exit_distributed(0)
 
 
 def run_specrl(tp: int, dp: int, rollouts: list[Rollout], *, steps: int, micro: int) -> list[dict]:

@@ -7,6 +7,7 @@ import logging
 import queue
 import threading
 import time
+from typing import NoReturn
 
 import grpc
 
@@ -15,7 +16,7 @@ from specrl.config import TrainerServerConfig, resolve_model_path
 from specrl.trainer import checkpoint
 from specrl.trainer.batch import BatchError, Rollout
 from specrl.trainer.policy import Mismatch
-from specrl.trainer.service import TrainerCore, init_distributed, load_batch_file
+from specrl.trainer.service import TrainerCore, exit_distributed, init_distributed, load_batch_file
 from specrl.v1 import trainer_pb2 as pb
 from specrl.v1 import trainer_pb2_grpc as pb_grpc
 from specrl.weightsync.sender import WeightSyncError
@@ -143,8 +144,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         )
 
 
-def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> int:
-    """Run one trainer rank until SIGINT/SIGTERM (rank 0) or rank 0's stop (others)."""
+def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> NoReturn:
+    """Run one trainer rank until SIGINT/SIGTERM (rank 0) or rank 0's stop (others),
+    then end the process (exit_distributed says why not by returning)."""
     from specrl import metrics
 
     init_distributed()
@@ -161,8 +163,7 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> int:
         log.info("rank %d resumed from %s at step %d", rank, cfg.resume, meta["step"])
     if rank != 0:
         core.follow()
-        dist.destroy_process_group()
-        return 0
+        exit_distributed(0)
     if cfg.metrics_port is not None:
         log.info("metrics on :%d/metrics", metrics.serve(cfg.metrics_port))
     server, port = serving.start(
@@ -183,6 +184,4 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> int:
     serving.wait_for_stop(server)
     log.info("stopped serving")
     core.stop()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
+    exit_distributed(0)
