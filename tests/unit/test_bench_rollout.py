@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from specrl.bench.rollout import _write, variants
@@ -95,3 +96,44 @@ def test_adaptive_bench_measures_every_server_after_every_other_equally_often():
         assert len(follows) == n * (n - 1) and len(set(follows.values())) <= 1, (n, follows)
     result = CliRunner().invoke(app, ["bench", "adaptive", "--only", "medusa"])
     assert result.exit_code == 2 and "medusa" in result.output
+
+
+def test_adaptive_bench_pairs_each_round_with_ar_and_the_best_fixed_k():
+    import math
+
+    from specrl.bench.adaptive import paired_ratio, table_rows
+    from specrl.bench.rollout import Variant
+
+    # two rounds with ratios 1 and 2: geometric mean sqrt(2), t(0.975, 1) = 12.706 on the
+    # log ratios' standard error ln2 / 2
+    ratio, lo, hi = paired_ratio([1.0, 4.0], [1.0, 2.0])
+    half = 12.7062 * math.log(2) / 2
+    assert ratio == pytest.approx(math.sqrt(2))
+    want = (math.sqrt(2) * math.exp(-half), math.sqrt(2) * math.exp(half))
+    assert (lo, hi) == pytest.approx(want, rel=1e-4)
+    with pytest.raises(ValueError, match="paired"):
+        paired_ratio([1.0, 2.0], [1.0])
+
+    variants = [
+        Variant("none", "", 0),
+        Variant("eagle3", "d", 1),
+        Variant("eagle3", "d", 3),
+        Variant("eagle3", "d", 3, adaptive=True),
+    ]
+    # the machine drifts 2x between rounds: medians alone would see AR vary 100-200
+    rates = {
+        (0, 4): [100.0, 200.0, 100.0],
+        (1, 4): [110.0, 220.0, 110.0],
+        (2, 4): [150.0, 300.0, 150.0],
+        (3, 4): [100.0, 210.0, 95.0],
+    }
+    rows = table_rows(variants, rates, [4], "d", {(3, 4): 2})
+    by = {r["variant"]: r for r in rows}
+    assert "paired_vs_ar" not in by["ar"]
+    assert by["k=3"]["paired_vs_ar"] == pytest.approx(1.5) and by["k=3"]["vs_ar"].startswith("faster")
+    adaptive = by["adaptive"]
+    assert adaptive["k_at_c"] == 2 and adaptive["best_k"] == 3
+    assert adaptive["vs_ar"].startswith("not resolved")  # rounds at 1.0, 1.05, 0.95x AR
+    assert adaptive["vs_best_k"].startswith("slower")  # 0.63-0.70x k=3 in every round
+    geo = (100 * 210 * 95 / (150 * 300 * 150)) ** (1 / 3)
+    assert adaptive["paired_vs_best_k"] == pytest.approx(geo, rel=1e-3)

@@ -11,12 +11,21 @@ shared-memory queues), which may slow whichever server is measured next. Round 0
 warm-up for every server (and the controller's learning pass) and is not counted; the
 table gives the median tokens/s of the other rounds, their spread, and the ratio of
 medians to AR's.
+
+Whether a variant is slower than AR is a paired question: each counted round measures
+both within minutes of each other, so the round's ratio cancels most of the machine's
+drift that separates rounds. The rows carry the geometric mean of those per-round
+ratios with a 95% confidence interval (Student's t on the log ratios), against AR and,
+for the controller, against the best fixed k of that concurrency; "slower" and "faster"
+are claimed only when the interval excludes 1, and its width is the resolution the run
+had.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import statistics
 from contextlib import ExitStack
 from pathlib import Path
@@ -35,6 +44,10 @@ TABLE_COLUMNS = (
     "min",
     "max",
     "speedup_vs_ar",
+    "paired_vs_ar",
+    "vs_ar",
+    "paired_vs_best_k",
+    "vs_best_k",
     "k_at_c",
 )
 
@@ -72,11 +85,18 @@ def run_adaptive_bench(
                         if rnd:
                             rates.setdefault((i, c), []).append(r["tokens"] / r["seconds"])
                 console.print(f"  round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
-            rows += _rows(variants, procs, rates, concurrency, draft or method)
+            k_now = {
+                (i, c): chosen_k(procs[i].address, c)
+                for i, v in enumerate(variants)
+                if v.adaptive
+                for c in concurrency
+            }
+            rows += table_rows(variants, rates, concurrency, draft or method, k_now)
             for row in rows[-len(variants) * len(concurrency) :]:
                 console.print(
                     f"  {row['variant']:<10} c={row['concurrency']:<3} {row['tokens_per_s']:>8.1f} tok/s "
                     f"[{row['min']}, {row['max']}]  {row['speedup_vs_ar']:.2f}x AR  k {row['k_at_c']}"
+                    f"  {row.get('vs_ar', '')}"
                 )
         _write(out, rows, rounds)
     print_table(rows, TABLE_COLUMNS, "adaptive k vs fixed k vs AR (medians of interleaved rounds)", console)
@@ -97,28 +117,75 @@ def balanced_orders(n: int) -> list[list[int]]:
     return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
 
 
-def _rows(variants, procs, rates, concurrency, speculator: str) -> list[dict]:
+def paired_ratio(got: list[float], base: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of the per-round ratios got[r] / base[r] and its 95% confidence
+    interval (Student's t on the log ratios; unbounded with fewer than two rounds)."""
+    from scipy.stats import t
+
+    if len(got) != len(base) or not got:
+        raise ValueError(f"paired rounds needed, got {len(got)} and {len(base)}")
+    logs = [math.log(a / b) for a, b in zip(got, base)]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), 0.0, math.inf
+    half = t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def verdict(lo: float, hi: float) -> str:
+    """What a paired interval lets one claim."""
+    if hi < 1:
+        return f"slower [{lo:.2f}, {hi:.2f}]"
+    if lo > 1:
+        return f"faster [{lo:.2f}, {hi:.2f}]"
+    return f"not resolved [{lo:.2f}, {hi:.2f}]"
+
+
+def table_rows(
+    variants: list[Variant],
+    rates: dict[tuple[int, int], list[float]],
+    concurrency: list[int],
+    speculator: str,
+    adaptive_k: dict[tuple[int, int], int],
+) -> list[dict]:
+    """One row per variant and concurrency from `rates[(variant index, c)]` (counted
+    rounds in order; variant 0 is AR). `adaptive_k[(i, c)]`: the k the controller of
+    variant i ended at for concurrency c."""
     rows = []
+    fixed = [i for i, v in enumerate(variants) if v.method != "none" and not v.adaptive and not v.paused]
     for c in concurrency:
         ar = statistics.median(rates[(0, c)])
+        best = max(fixed, key=lambda i: statistics.median(rates[(i, c)])) if fixed else None
         for i, v in enumerate(variants):
             got = rates[(i, c)]
             kind = "paused" if v.paused else ("adaptive" if v.adaptive else f"k={v.k}")
             name = "ar" if v.method == "none" else kind
-            rows.append(
-                {
-                    "speculator": speculator,
-                    "variant": name,
-                    "concurrency": c,
-                    "tokens_per_s": round(statistics.median(got), 1),
-                    "min": round(min(got), 1),
-                    "max": round(max(got), 1),
-                    "rounds": [round(x, 1) for x in got],
-                    "speedup_vs_ar": round(statistics.median(got) / ar, 3),
-                    "k_at_c": chosen_k(procs[i].address, c) if v.adaptive else (0 if v.paused else v.k),
-                }
-            )
+            row = {
+                "speculator": speculator,
+                "variant": name,
+                "concurrency": c,
+                "tokens_per_s": round(statistics.median(got), 1),
+                "min": round(min(got), 1),
+                "max": round(max(got), 1),
+                "rounds": [round(x, 1) for x in got],
+                "speedup_vs_ar": round(statistics.median(got) / ar, 3),
+                "k_at_c": adaptive_k[(i, c)] if v.adaptive else (0 if v.paused else v.k),
+            }
+            if i:
+                row |= _paired("ar", got, rates[(0, c)])
+            if v.adaptive and best is not None:
+                row |= _paired("best_k", got, rates[(best, c)]) | {"best_k": variants[best].k}
+            rows.append(row)
     return rows
+
+
+def _paired(against: str, got: list[float], base: list[float]) -> dict:
+    ratio, lo, hi = paired_ratio(got, base)
+    return {
+        f"paired_vs_{against}": round(ratio, 3),
+        f"ci95_vs_{against}": [round(lo, 3), round(hi, 3)],
+        f"vs_{against}": verdict(lo, hi),
+    }
 
 
 def _write(out: Path, rows: list[dict], rounds: int) -> None:
