@@ -137,3 +137,22 @@ def test_adaptive_bench_pairs_each_round_with_ar_and_the_best_fixed_k():
     assert adaptive["vs_best_k"].startswith("slower")  # 0.63-0.70x k=3 in every round
     geo = (100 * 210 * 95 / (150 * 300 * 150)) ** (1 / 3)
     assert adaptive["paired_vs_best_k"] == pytest.approx(geo, rel=1e-3)
+
+
+def test_measurements_wait_for_the_cpu_to_go_quiet():
+    import subprocess
+    import sys
+    import time
+
+    from specrl.bench.rollout import wait_for_quiet_cpu
+
+    busy = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(2)]
+    try:
+        time.sleep(0.3)  # the loops are spinning
+        waited = wait_for_quiet_cpu(timeout=10.0)
+    finally:
+        for p in procs:
+            p.wait()
+    assert 0.8 <= waited < 5.0, waited  # until the loops ended (~1.2 s), not the timeout
+    assert wait_for_quiet_cpu(busy_percent=100.1, timeout=5.0) < 0.5  # nothing counts as busy

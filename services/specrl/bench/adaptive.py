@@ -50,6 +50,9 @@ TABLE_COLUMNS = (
     "vs_best_k",
     "k_at_c",
 )
+PRINTED = (
+    "speculator", "variant", "concurrency", "tokens_per_s", "speedup_vs_ar", "vs_ar", "vs_best_k", "k_at_c",
+)  # fmt: skip
 
 
 def run_adaptive_bench(
@@ -99,7 +102,7 @@ def run_adaptive_bench(
                     f"  {row.get('vs_ar', '')}"
                 )
         _write(out, rows, rounds)
-    print_table(rows, TABLE_COLUMNS, "adaptive k vs fixed k vs AR (medians of interleaved rounds)", console)
+    print_table(rows, PRINTED, "adaptive k vs fixed k vs AR (medians of interleaved rounds)", console)
     return rows
 
 

@@ -98,8 +98,25 @@ def zoo_test_prompts(count: int, console: Console) -> list[str]:
     return [p.prompt for p in task.take(count, seed=99, split="test", **task_kwargs(ZooSpec()))]
 
 
+def wait_for_quiet_cpu(busy_percent: float = 20.0, timeout: float = 10.0) -> float:
+    """Block until the machine's CPU use over 0.2 s is below `busy_percent` (or `timeout`
+    passed); the seconds waited.
+
+    Why: a vLLM engine keeps polling its queues for a while after its last request, on
+    the same two cores the next measurement needs, so a measurement started right after
+    another server's is slowed by an amount that depends on which server came before."""
+    import psutil
+
+    t0 = time.perf_counter()
+    while psutil.cpu_percent(interval=0.2) >= busy_percent and time.perf_counter() - t0 < timeout:
+        pass
+    return time.perf_counter() - t0
+
+
 def closed_loop(address: str, prompts: list[str], concurrency: int, max_tokens: int = MAX_TOKENS) -> dict:
-    """Run `prompts` through `concurrency` client threads; totals and wall time."""
+    """Run `prompts` through `concurrency` client threads, starting on a quiet machine
+    (`wait_for_quiet_cpu`); totals, wall time and the seconds waited for quiet."""
+    settle = wait_for_quiet_cpu()
     lock = threading.Lock()
     queue = list(reversed(prompts))
     totals = {"tokens": 0, "drafts": 0, "accepted": 0, "requests": 0}
@@ -133,7 +150,7 @@ def closed_loop(address: str, prompts: list[str], concurrency: int, max_tokens: 
     seconds = time.perf_counter() - t0
     if errors:
         raise errors[0]
-    return {**totals, "seconds": seconds}
+    return {**totals, "seconds": seconds, "settle_seconds": settle}
 
 
 def forward_costs(repeats: int = 200) -> dict[str, float]:
