@@ -52,14 +52,14 @@ def _step(cfg: TrainerConfig):
 def _rank(rank: int, world: int, port: int, model: str, tp: int, dp: int, out: str) -> None:
     import torch.distributed as dist
 
-    from specrl.trainer.service import exit_distributed
+    from specrl.shutdown import exit_now
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     metrics, state = _step(_config(Path(model), tp, dp))
     if rank == 0:
         torch.save({"metrics": metrics, "state": state}, out)
-    exit_distributed(0)  # a plain return can abort in gloo's threads at teardown
+    exit_now(0)  # a plain return can abort in gloo's threads at teardown
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,11 @@ import torch
 import torch.multiprocessing as mp
 from rich.console import Console
 
+from specrl import shutdown
 from specrl.bench.report import markdown_table, print_table
 from specrl.config import TrainerConfig, resolve_model_path
 from specrl.launcher import free_port
 from specrl.trainer.batch import Rollout
-from specrl.trainer.service import exit_distributed
 
 GROUP = 8  # samples per prompt
 MAX_TOKENS = 48
@@ -109,7 +109,7 @@ def _rank(rank: int, world: int, port: int, tp: int, dp: int, micro: int, data: 
     result = _specrl_steps(_trainer_config(tp, dp, micro), torch.load(data, weights_only=False), steps)
     if rank == 0:
         Path(data).with_suffix(".out").write_text(json.dumps(result))
-    exit_distributed(0)
+    shutdown.exit_now(0)
 
 
 def run_specrl(tp: int, dp: int, rollouts: list[Rollout], *, steps: int, micro: int) -> list[dict]:

@@ -11,12 +11,12 @@ from typing import NoReturn
 
 import grpc
 
-from specrl import serving
+from specrl import serving, shutdown
 from specrl.config import TrainerServerConfig, resolve_model_path
 from specrl.trainer import checkpoint
 from specrl.trainer.batch import BatchError, Rollout
 from specrl.trainer.policy import Mismatch
-from specrl.trainer.service import TrainerCore, exit_distributed, init_distributed, load_batch_file
+from specrl.trainer.service import TrainerCore, init_distributed, load_batch_file
 from specrl.v1 import trainer_pb2 as pb
 from specrl.v1 import trainer_pb2_grpc as pb_grpc
 from specrl.weightsync.sender import WeightSyncError
@@ -146,7 +146,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
 
 def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> NoReturn:
     """Run one trainer rank until SIGINT/SIGTERM (rank 0) or rank 0's stop (others),
-    then end the process (exit_distributed says why not by returning)."""
+    then end the process (shutdown.exit_now says why not by returning)."""
     from specrl import metrics
 
     init_distributed()
@@ -163,7 +163,7 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> NoRetur
         log.info("rank %d resumed from %s at step %d", rank, cfg.resume, meta["step"])
     if rank != 0:
         core.follow()
-        exit_distributed(0)
+        shutdown.exit_now(0)
     if cfg.metrics_port is not None:
         log.info("metrics on :%d/metrics", metrics.serve(cfg.metrics_port))
     server, port = serving.start(
@@ -184,4 +184,4 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> NoRetur
     serving.wait_for_stop(server)
     log.info("stopped serving")
     core.stop()
-    exit_distributed(0)
+    shutdown.exit_now(0)

@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -240,23 +238,3 @@ def init_distributed() -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         log.info("rank %d of %d joined the trainer group", dist.get_rank(), dist.get_world_size())
-
-
-def exit_distributed(code: int = 0) -> NoReturn:
-    """End a rank's process: destroy the process groups, flush, and leave without
-    interpreter finalization.
-
-    Why not a normal exit: a gloo worker thread releases a finished collective's tensors
-    a moment after the caller's wait returns; if the interpreter is being torn down by
-    then, taking the GIL to free a tensor's Python object ends the thread inside a
-    noexcept destructor and the process aborts (SIGABRT, "terminate called without an
-    active exception"; about 1 run in 10 of a TP=2 step on 2 CPU cores, the abort in
-    AsyncAllgatherCoalescedWork's destructor). destroy_process_group does not join those
-    threads while DTensors' meshes still hold the groups. Nothing Python would run at
-    exit is needed by then: callers finish their output first."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
