@@ -6,8 +6,9 @@ All servers of one speculator run at once (AR, the speculator at each fixed k, a
 `speculation.adaptive` choosing k up to the largest); every round measures each of them
 at each concurrency, in orders that change from one measurement to the next, so drift of
 the machine spreads evenly over the variants, and every server follows every other one
-equally often: an engine busy-polls for a second after its last request (vLLM's
-shared-memory queues), which may slow whichever server is measured next. Round 0 is a
+equally often (an engine busy-polls for a second after its last request, vLLM's
+shared-memory queues; `closed_loop` waits for that to end, and the balanced orders
+spread whatever remains). Round 0 is a
 warm-up for every server (and the controller's learning pass) and is not counted; the
 table gives the median tokens/s of the other rounds, their spread, and the ratio of
 medians to AR's.
