@@ -392,13 +392,15 @@ def bench_draft(
     ks: str = typer.Option("3,5,7", help="Comma-separated draft lengths."),
     concurrency: str = typer.Option("1,4", help="Comma-separated concurrency levels."),
     prompts: int = typer.Option(32, min=8, help="Prompts per concurrency level (rl-think: half)."),
+    rounds: int = typer.Option(3, min=1, help="Counted rounds (after one warm-up round)."),
     tasks: str = typer.Option(
         "rl-zero,rl-think",
         help="Comma-separated columns: rl-zero, rl-think (builds the zoo's RL-Think variant).",
     ),
 ) -> None:
     """Task (RL-Zero, RL-Think) x draft init (domain, generic) x k x online adaptation (off,
-    on after an RL run), n-gram and the adaptive controller."""
+    on after an RL run), n-gram and the adaptive controller; each run's servers measured
+    together in interleaved rounds."""
     from specrl.bench.draft import pick_tasks, run_draft_bench
 
     try:
@@ -412,6 +414,7 @@ def bench_draft(
         concurrency=[int(c) for c in concurrency.split(",")],
         tasks=chosen,
         prompts_per_level=prompts,
+        rounds=rounds,
         console=console,
     )
 

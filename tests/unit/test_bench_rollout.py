@@ -4,6 +4,7 @@ is run by hand; its results are in docs/benchmarks.md)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -63,18 +64,67 @@ def test_unknown_speculator_is_refused():
 def test_draft_table_puts_the_adaptive_controller_beside_the_fixed_ks():
     from specrl.bench.draft import paper_table
 
-    def row(draft, k, speedup, adaptive="", k_at_c=None, task="rl-zero"):
+    def row(draft, k, speedup, adaptive=False, k_at_c=None, task="rl-zero", c=1):
         return {"task": task, "init": "eagle3-domain", "draft": draft, "method": "eagle3", "k": k,
-                "adaptive": adaptive, "k_at_c": k if k_at_c is None else k_at_c, "concurrency": 1,
+                "adaptive": adaptive, "k_at_c": k if k_at_c is None else k_at_c, "concurrency": c,
                 "speedup_vs_ar": speedup, "acceptance_length": 3.0}  # fmt: skip
 
-    rows = [row("frozen", 3, 1.8), row("frozen", 7, 2.2), row("frozen", 7, 2.0, "learning", 7),
-            row("frozen", 7, 2.25, "learned", 6), row("frozen", 3, 1.1, task="rl-think")]  # fmt: skip
+    rows = [row("frozen", 3, 1.8), row("frozen", 7, 2.2), row("frozen", 7, 2.0, c=4),
+            row("frozen", 7, 2.25, True, 6), row("frozen", 3, 1.1, task="rl-think")]  # fmt: skip
     table = paper_table(rows, "rl-zero", [3, 7], 1).splitlines()
     assert table[0] == "| draft | k=3 | k=7 | adaptive (k<=7) |"
     assert table[2] == "| domain init, frozen | 1.80x (AL 3.00) | 2.20x (AL 3.00) | 2.25x (AL 3.00, k=6) |"
     think = paper_table(rows, "rl-think", [3, 7], 1).splitlines()
     assert think[2] == "| domain init, frozen | 1.10x (AL 3.00) |  |  |"
+
+
+def test_draft_bench_pairs_each_draft_with_the_shared_ar_and_its_own_best_k():
+    from specrl.bench.draft import TASKS, _cells, cell_rows, controller_lines
+
+    cells = _cells(TASKS["rl-zero"], "eagle3-generic", [3, 7], Path("/run/draft"))
+    assert [(c[0], c[1], c[3], c[4]) for c in cells] == [
+        ("ar", "none", 0, False),
+        ("frozen", "eagle3", 3, False), ("frozen", "eagle3", 7, False), ("frozen", "eagle3", 7, True),
+        ("adapted", "eagle3", 3, False), ("adapted", "eagle3", 7, False), ("adapted", "eagle3", 7, True),
+        ("-", "ngram", 3, False),
+    ]  # fmt: skip
+    assert cells[1][2] == "zoo:eagle3-generic" and cells[4][2] == "/run/draft"
+    assert len(_cells(TASKS["rl-think"], "eagle3-domain", [3], None)) == 3  # held back: no adapted
+
+    def rounds(*rates, al=2.0):  # closed_loop results of 100 tokens, one per counted round
+        return [
+            {"tokens": 100, "seconds": 100 / x, "drafts": 50, "accepted": round(50 * (al - 1))} for x in rates
+        ]
+
+    # two rounds, the machine 2x slower in the second; the frozen draft's best is k=3
+    # (2x AR), its controller 1.5x AR; the adapted draft's best k=7, its controller at it
+    done = {
+        (0, 1): rounds(100, 50), (1, 1): rounds(200, 100), (2, 1): rounds(150, 75), (3, 1): rounds(150, 75),
+        (4, 1): rounds(110, 55), (5, 1): rounds(300, 150), (6, 1): rounds(300, 150),
+        (7, 1): rounds(90, 45, al=1.5),
+    }  # fmt: skip
+    rows = cell_rows(TASKS["rl-zero"], "eagle3-generic", cells, done, {(3, 1): 3, (6, 1): 7}, [1])
+    assert [(r["draft"], r["k"], r["adaptive"]) for r in rows] == [
+        ("ar", 0, False),
+        ("frozen", 3, False),
+        ("frozen", 7, False),
+        ("frozen", 7, True),
+        ("adapted", 3, False),
+        ("adapted", 7, False),
+        ("adapted", 7, True),
+        ("-", 3, False),
+    ]
+    # AR once, although three groups pair with it
+    by = {(r["draft"], r["k"], r["adaptive"]): r for r in rows}
+    frozen, adapted = by[("frozen", 7, True)], by[("adapted", 7, True)]
+    assert frozen["k_at_c"] == 3 and frozen["best_k"] == 3
+    assert frozen["paired_vs_ar"] == pytest.approx(1.5) and frozen["paired_vs_best_k"] == pytest.approx(0.75)
+    assert adapted["best_k"] == 7 and adapted["paired_vs_best_k"] == pytest.approx(1.0)
+    assert by[("-", 3, False)]["method"] == "ngram" and by[("-", 3, False)]["acceptance_length"] == 1.5
+    assert by[("ar", 0, False)]["tokens"] == 200 and by[("ar", 0, False)]["speedup_vs_ar"] == 1.0
+    lines = controller_lines(rows, "rl-zero")
+    assert len(lines) == 2 and lines[0].startswith("- generic frozen, c=1: adaptive (k=3) 1.50x AR")
+    assert "0.75x the best fixed k=3" in lines[0]
 
 
 def test_unknown_draft_bench_task_is_refused():
@@ -158,3 +208,15 @@ def test_measurements_wait_for_the_cpu_to_go_quiet():
     # with something else besides keeps it waiting that long)
     assert 0.8 <= waited < 3.6, waited
     assert wait_for_quiet_cpu(busy_percent=100.1, timeout=5.0) < 0.5  # nothing counts as busy
+
+
+def test_the_controllers_k_is_its_last_decision_outside_a_probe():
+    from specrl.bench.draft import settled_k
+
+    changes = [
+        "2026-11-26 00:43:14,070 [(1, 2, 0), (3, 128, 3)] (speculating)",
+        "2026-11-26 00:43:35,490 [(1, 128, 0)] (probing)",
+    ]
+    assert [settled_k(changes, b) for b in (1, 2, 3, 128)] == [0, 0, 3, 3]
+    assert settled_k([*changes, "2026-11-26 00:44:01,000 [(1, 128, 0)] (off)"], 3) == 0
+    assert settled_k(changes[1:], 1) == -1

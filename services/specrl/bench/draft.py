@@ -6,30 +6,39 @@ reasoning traces, with its own heads; zoo/think.py). For each task and draft ini
 (domain, generic) a short synchronous RL run (`specrl run`, every
 service a real process) trains the policy for `steps` steps with EAGLE-3 speculation
 from that draft while the draft-trainer adapts it online. The policy drifts; the run
-leaves its final policy (checkpoint/hf) and the adapted draft (<run>/draft). Then, on that
-final policy, rollout servers measure generation throughput (closed loop, the task's test
-prompts, temperature 1, up to the task's max_tokens) for: AR (first and last), the initial draft frozen
-and the adapted draft at each k, and n-gram (on the generic run's policy). Speedup is
-tokens/s over the faster AR run of the same policy and concurrency.
+leaves its final policy (checkpoint/hf) and the adapted draft (<run>/draft).
 
-Each draft (frozen and adapted) is also served with the adaptive k controller
-(speculation.adaptive, k up to the largest measured), measured twice per level: while it
-learns, then with what it learned; the table shows the latter beside the fixed ks.
+Then every server of that final policy is started at once: AR, the initial draft frozen
+and the adapted draft at each k and with the adaptive k controller (k up to the largest),
+and n-gram (on the generic run's policy). They are measured the way `bench adaptive`
+measures (closed loop from a quiet CPU, the task's test prompts, temperature 1, up to the
+task's max_tokens): a warm-up round (also the controllers' learning pass), then `rounds`
+counted rounds, each measuring every server at each concurrency in balanced orders. One
+pass of one server cannot tell differences of 10-20% apart on a small shared machine (the
+last single-pass run's two AR passes of one policy differed by up to 1.6x); a round's ratio
+to AR, or of the controller to the best fixed k, cancels the drift between rounds, and
+each row carries the geometric mean of those ratios with a 95% interval
+(bench/adaptive.py).
 """
 
 from __future__ import annotations
 
+import ast
+import itertools
 import json
+import re
 import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
-from specrl.bench.report import machine, markdown_table, print_table, speedups_over_ar
-from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, closed_loop, passes, zoo_test_prompts
+from specrl.bench.adaptive import balanced_orders, table_rows
+from specrl.bench.report import machine, markdown_table, print_table
+from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, Variant, closed_loop, zoo_test_prompts
 from specrl.config import RolloutServerConfig, RunConfig
-from specrl.launcher import ServiceProcess
+from specrl.launcher import ServiceProcess, start_all
 
 INITS = ("eagle3-domain", "eagle3-generic")
 
@@ -64,6 +73,8 @@ TABLE_COLUMNS = (
     "tokens_per_s",
     "acceptance_length",
     "speedup_vs_ar",
+    "vs_ar",
+    "vs_best_k",
 )
 
 
@@ -120,7 +131,9 @@ def _server(policy: str, method: str, draft: str, k: int, adaptive: bool) -> Rol
     return RolloutServerConfig.model_validate(
         {
             "port": 0,
-            "engine": {"model": policy, "dtype": "float32"},
+            # a quarter GiB holds ~40k tokens of a zoo model, 50x what c=4 needs here, and
+            # lets ten servers (one run's policy, every cell) share the machine's memory
+            "engine": {"model": policy, "dtype": "float32", "kv_cache_gib": 0.25},
             "speculation": spec,
             "self_test": {"enabled": False},
         }
@@ -130,36 +143,132 @@ def _server(policy: str, method: str, draft: str, k: int, adaptive: bool) -> Rol
 Cell = tuple[str, str, str, int, bool]  # draft label, method, draft path, k, adaptive
 
 
+def _cells(task: Task, init: str, ks: list[int], adapted: Path | None) -> list[Cell]:
+    """The servers of one run's policy: AR first (every group's baseline), each draft
+    (the initial one frozen; the adapted one when the run published one) at every k and
+    adaptive, n-gram beside the generic init."""
+    cells: list[Cell] = [("ar", "none", "", 0, False)]
+    drafts = [("frozen", f"zoo:{task.zoo}{init}")] + ([("adapted", str(adapted))] if adapted else [])
+    for label, path in drafts:
+        cells += [(label, "eagle3", path, k, False) for k in ks]
+        cells.append((label, "eagle3", path, max(ks), True))
+    if init == "eagle3-generic":
+        cells.append(("-", "ngram", "", 3, False))
+    return cells
+
+
 def _measure(
-    task: Task, init: str, policy: str, cell: Cell, prompts: list[str], levels: list[int], console
+    task: Task,
+    init: str,
+    policy: str,
+    cells: list[Cell],
+    prompts: list[str],
+    levels: list[int],
+    rounds: int,
+    console: Console,
+) -> tuple[list[dict], dict[str, list[str]]]:
+    """Every cell's server up at once, measured in a warm-up round and `rounds` counted
+    ones. Rows (one per cell and level) and, per adaptive cell, the controller's schedule
+    changes from its server's log."""
+    procs = [
+        ServiceProcess(_server(policy, method, draft, k, adaptive)) for _, method, draft, k, adaptive in cells
+    ]
+    done: dict[tuple[int, int], list[dict]] = {}
+    with ExitStack() as stack:
+        for proc in procs:
+            stack.callback(proc.stop)
+        console.print(f"  starting {len(procs)} rollout servers of the run's final policy")
+        start_all(procs)
+        orders = itertools.cycle(balanced_orders(len(cells)))
+        for rnd in range(rounds + 1):
+            for c in levels:
+                for i in next(orders):
+                    r = closed_loop(procs[i].address, prompts, c, task.max_tokens)
+                    if rnd:
+                        done.setdefault((i, c), []).append(r)
+            console.print(f"  round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
+        decisions = {i: _schedule_changes(procs[i]) for i, cell in enumerate(cells) if cell[4]}
+    k_now = {(i, c): settled_k(changes, c) for i, changes in decisions.items() for c in levels}
+    rows = cell_rows(task, init, cells, done, k_now, levels)
+    named = {f"{task.name}/{init}/{cells[i][0]}": changes for i, changes in decisions.items()}
+    for row in rows:
+        kind = f"adaptive k<={row['k']}" if row["adaptive"] else f"k={row['k']}"
+        console.print(
+            f"    {row['draft']:<8} {row['method']:<6} {kind}"
+            f" c={row['concurrency']:<3} {row['tokens_per_s']:>8.1f} tok/s  AL {row['acceptance_length']:.2f}"
+            f"  {row['speedup_vs_ar']:.2f}x AR  {row.get('vs_ar', '')}  {row.get('vs_best_k', '')}"
+        )
+    return rows, named
+
+
+def cell_rows(
+    task: Task,
+    init: str,
+    cells: list[Cell],
+    done: dict[tuple[int, int], list[dict]],
+    k_now: dict[tuple[int, int], int],
+    levels: list[int],
 ) -> list[dict]:
-    """One rollout server of `policy` with the cell's speculation, measured at each level."""
-    label, method, draft, k, adaptive = cell
-    console.print(f"  {label} {method} {'adaptive k<=' if adaptive else 'k='}{k}: starting server")
-    rows = []
-    with ServiceProcess(_server(policy, method, draft, k, adaptive)) as proc:
-        closed_loop(proc.address, prompts[:8], 4, task.max_tokens)  # warm-up
-        for c in levels:
-            for phase, r, k_at_c in passes(proc.address, prompts, c, k, adaptive, task.max_tokens):
-                al = 1 + r["accepted"] / r["drafts"] if r["drafts"] else 1.0
-                rows.append(
-                    {
-                        "task": task.name,
-                        "init": init,
-                        "draft": label,
-                        "method": "ar" if method == "none" else method,
-                        "k": k,
-                        "adaptive": phase,
-                        "k_at_c": k_at_c,
-                        "concurrency": c,
-                        "tokens": r["tokens"],
-                        "seconds": round(r["seconds"], 3),
-                        "tokens_per_s": round(r["tokens"] / r["seconds"], 1),
-                        "acceptance_length": round(al, 3),
-                    }
-                )
-                console.print(f"    c={c:<3} {phase:<8} {rows[-1]['tokens_per_s']:>8.1f} tok/s  AL {al:.2f}")
+    """Rows from the counted rounds `done[(cell index, level)]` (closed_loop results):
+    each draft's cells (frozen, adapted, n-gram) paired with the AR cell (index 0), the
+    controller with the best fixed k of its own draft; AR's row once per level.
+    `k_now[(i, c)]`: the k adaptive cell i ended at for level c."""
+    rows: list[dict] = []
+    for label in dict.fromkeys(cell[0] for cell in cells[1:]):
+        idx = [0] + [i for i, cell in enumerate(cells) if cell[0] == label]
+        variants = [Variant(cells[i][1], label, cells[i][3], adaptive=cells[i][4]) for i in idx]
+        rates = {
+            (j, c): [r["tokens"] / r["seconds"] for r in done[(i, c)]]
+            for j, i in enumerate(idx)
+            for c in levels
+        }
+        chose = {(j, c): k_now[(i, c)] for j, i in enumerate(idx) for c in levels if (i, c) in k_now}
+        grouped = table_rows(variants, rates, levels, label, chose)
+        for row, (c, i) in zip(grouped, [(c, i) for c in levels for i in idx]):
+            if i == 0 and any(r["method"] == "ar" and r["concurrency"] == c for r in rows):
+                continue  # AR once per level: every group shares it
+            rows.append(_row(task, init, cells[i], row, done[(i, c)]))
     return rows
+
+
+def _row(task: Task, init: str, cell: Cell, paired: dict, results: list[dict]) -> dict:
+    """A table row of `table_rows` with the cell's names and its acceptance length over
+    every counted round."""
+    label, method, _, k, adaptive = cell
+    drafts, accepted = sum(r["drafts"] for r in results), sum(r["accepted"] for r in results)
+    paired = {key: v for key, v in paired.items() if key not in ("speculator", "variant")}
+    return {
+        "task": task.name,
+        "init": init,
+        "draft": label,
+        "method": "ar" if method == "none" else method,
+        "k": k,
+        "adaptive": adaptive,
+        **paired,
+        "tokens": sum(r["tokens"] for r in results),
+        "acceptance_length": round(1 + accepted / drafts, 3) if drafts else 1.0,
+    }
+
+
+def _schedule_changes(proc: ServiceProcess) -> list[str]:
+    """The adaptive controller's schedule changes ("<time> [(first, last, k), ...] (mode)")
+    from its server's log: what it decided and when, to read a cell against the fixed ks."""
+    lines = proc.log_path.read_text(errors="replace").splitlines()
+    return [m.group(1) + " " + m.group(2) for line in lines if (m := _CHANGE.search(line))]
+
+
+_CHANGE = re.compile(r"^(\S+ \S+) .*adaptive k schedule now (.*)$")
+
+
+def settled_k(changes: list[str], batch: int) -> int:
+    """The k the controller's last decision set for `batch` (its last schedule outside a
+    probe, which holds k=0 everywhere for a few steps and says nothing of the choice);
+    -1 with none."""
+    for change in reversed(changes):
+        schedule, mode = change.split(" ", 2)[2].rsplit(" ", 1)
+        if mode != "(probing)":
+            return next((k for first, last, k in ast.literal_eval(schedule) if first <= batch <= last), -1)
+    return -1
 
 
 def run_draft_bench(
@@ -170,6 +279,7 @@ def run_draft_bench(
     concurrency: list[int],
     tasks: list[str] | None = None,
     prompts_per_level: int = 32,
+    rounds: int = 3,
     console: Console | None = None,
 ) -> list[dict]:
     """`tasks`: names in TASKS (default: all), measured in that order."""
@@ -183,6 +293,7 @@ def run_draft_bench(
         build_think(console=console)  # cached after the first time (minutes)
     rows: list[dict] = []
     runs: dict[str, list[dict]] = {}
+    decisions: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="specrl-bench-draft-") as tmp:
         for task in chosen:
             measured = prompts[: max(8, round(prompts_per_level * task.prompt_share))]
@@ -196,30 +307,19 @@ def run_draft_bench(
                 policy = str(Path(result.checkpoint) / "hf")
                 adapted = result.run_dir / "draft"
                 published = (adapted / "config.json").is_file()
-                cells: list[Cell] = [("ar", "none", "", 0, False)]
-                drafts = [("frozen", f"zoo:{task.zoo}{init}")] + (
-                    [("adapted", str(adapted))] if published else []
-                )
-                for label, path in drafts:
-                    cells += [(label, "eagle3", path, k, False) for k in ks]
-                    cells.append((label, "eagle3", path, max(ks), True))
-                if init == "eagle3-generic":
-                    cells.append(("-", "ngram", "", 3, False))
-                cells.append(("ar", "none", "", 0, False))
-                for cell in cells:
-                    rows += _measure(task, init, policy, cell, measured, concurrency, console)
+                cells = _cells(task, init, ks, adapted if published else None)
+                got, changes = _measure(task, init, policy, cells, measured, concurrency, rounds, console)
+                rows += got
+                decisions |= changes
                 if not published:  # the run served the initial draft throughout: adapted is frozen
                     console.print(f"  {init}: every adapted draft was held back; adapted = frozen")
                     held = "no draft published: every candidate was held back"
-                    rows += [
-                        r | {"draft": "adapted", "note": held}
-                        for r in rows
-                        if (r["task"], r["init"], r["draft"]) == (task.name, init, "frozen")
-                    ]
-                _write(out, rows, runs, steps)
+                    rows += [r | {"draft": "adapted", "note": held} for r in got if r["draft"] == "frozen"]
+                _write(out, rows, runs, decisions, steps, rounds)
     print_table(rows, TABLE_COLUMNS, "draft benchmark", console)
     for task in chosen:
         console.print(paper_table(rows, task.name, ks, concurrency[0]))
+        console.print("\n".join(controller_lines(rows, task.name)))
     return rows
 
 
@@ -231,22 +331,21 @@ def pick_tasks(names: list[str] | None) -> list[str]:
 
 
 def paper_table(rows: list[dict], task: str, ks: list[int], concurrency: int) -> str:
-    """Speedup over AR of one task at one concurrency, shaped like the paper's table: a row
-    per draft init x adaptation, a column per k."""
-    rows = [r for r in rows if r["task"] == task]
+    """Speedup over AR (ratio of medians) of one task at one concurrency, shaped like the
+    paper's table: a row per draft init x adaptation, a column per k."""
+    rows = [r for r in rows if r["task"] == task and r["concurrency"] == concurrency]
     head = [f"k={k}" for k in ks] + [f"adaptive (k<={max(ks)})"]
     lines = ["| draft | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
     for init in INITS:
         for label in ("frozen", "adapted"):
             cells = []
-            for k, phase in [(k, "") for k in ks] + [(max(ks), "learned")]:
+            for k, adaptive in [(k, False) for k in ks] + [(max(ks), True)]:
                 hit = [
                     r
                     for r in rows
-                    if (r["init"], r["draft"], r["k"], r["concurrency"], r.get("adaptive", ""))
-                    == (init, label, k, concurrency, phase)
+                    if (r["init"], r["draft"], r["k"], bool(r["adaptive"])) == (init, label, k, adaptive)
                 ]
-                chosen = f", k={hit[0]['k_at_c']}" if hit and phase else ""
+                chosen = f", k={hit[0]['k_at_c']}" if hit and adaptive else ""
                 cells.append(
                     f"{hit[0]['speedup_vs_ar']:.2f}x (AL {hit[0]['acceptance_length']:.2f}{chosen})"
                     if hit
@@ -258,7 +357,7 @@ def paper_table(rows: list[dict], task: str, ks: list[int], concurrency: int) ->
                 + " | ".join(cells)
                 + " |"
             )
-    ngram = [r for r in rows if r["method"] == "ngram" and r["concurrency"] == concurrency]
+    ngram = [r for r in rows if r["method"] == "ngram"]
     if ngram:
         r = ngram[0]
         lines.append(
@@ -267,21 +366,49 @@ def paper_table(rows: list[dict], task: str, ks: list[int], concurrency: int) ->
     return "\n".join(lines)
 
 
-def _write(out: Path, rows: list[dict], runs: dict[str, list[dict]], steps: int) -> None:
-    speedups_over_ar(rows, lambda r: (r["task"], r["init"], r["concurrency"]))
+def controller_lines(rows: list[dict], task: str) -> list[str]:
+    """Per adaptive cell of `task`: the paired ratio to AR and to the best fixed k of its
+    draft, with what each interval lets one claim."""
+    out = []
+    for r in rows:
+        if r["task"] != task or not r["adaptive"] or r.get("note"):
+            continue
+        out.append(
+            f"- {r['init'].removeprefix('eagle3-')} {r['draft']}, c={r['concurrency']}: adaptive "
+            f"(k={r['k_at_c']}) {r['paired_vs_ar']:.2f}x AR ({r['vs_ar']}), {r['paired_vs_best_k']:.2f}x "
+            f"the best fixed k={r['best_k']} ({r['vs_best_k']})"
+        )
+    return out
+
+
+def _write(
+    out: Path,
+    rows: list[dict],
+    runs: dict[str, list[dict]],
+    decisions: dict[str, list[str]],
+    steps: int,
+    rounds: int,
+) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "machine": machine(),
         "max_tokens": {t.name: t.max_tokens for t in TASKS.values()},
         "temperature": TEMPERATURE,
         "rl_steps": steps,
+        "rounds": rounds,
     }
-    out.write_text(json.dumps({"meta": meta, "runs": runs, "rows": rows}, indent=2))
+    out.write_text(json.dumps({"meta": meta, "runs": runs, "rows": rows, "controller": decisions}, indent=2))
     ks = sorted({r["k"] for r in rows if r["method"] == "eagle3"})
     levels = sorted({r["concurrency"] for r in rows})
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     tables = [f"{t}, concurrency {c}:\n\n{paper_table(rows, t, ks, c)}" for t in tasks for c in levels]
-    out.with_suffix(".md").write_text("\n\n".join([*tables, markdown_table(rows, TABLE_COLUMNS)]) + "\n")
+    controller = [
+        f"{t}, the adaptive controller (paired rounds):\n\n" + "\n".join(controller_lines(rows, t))
+        for t in tasks
+    ]
+    out.with_suffix(".md").write_text(
+        "\n\n".join([*tables, *controller, markdown_table(rows, TABLE_COLUMNS)]) + "\n"
+    )
     _plot(out.with_suffix(".png"), rows, runs, tasks, levels)
 
 
@@ -303,13 +430,13 @@ def _plot(
                     for r in rows
                     if (r["task"], r["init"], r["draft"], r["concurrency"]) == (task, init, label, c)
                 ]
-                pts = sorted((r["k"], r["speedup_vs_ar"]) for r in mine if not r.get("adaptive"))
+                pts = sorted((r["k"], r["speedup_vs_ar"]) for r in mine if not r["adaptive"])
                 if not pts:
                     continue
                 name = f"{init.removeprefix('eagle3-')} {label}"
                 (line,) = ax.plot(*zip(*pts), style, marker="o", label=name)
                 for r in mine:  # the adaptive controller, at the k it chose
-                    if r.get("adaptive") == "learned":
+                    if r["adaptive"]:
                         ax.plot(
                             r["k_at_c"], r["speedup_vs_ar"], marker="*", markersize=13, color=line.get_color()
                         )

@@ -144,7 +144,7 @@ class RolloutService:
                 return
             self.k_schedule = schedule
             self.metrics.observe_adaptive(self.adaptive)
-            log.info("adaptive k schedule now %s", list(schedule))
+            log.info("adaptive k schedule now %s (%s)", list(schedule), self.adaptive.mode)
 
     async def start(self) -> None:
         """Ask the engine which specrl fixes it runs, then self-test its sampler."""
