@@ -248,7 +248,7 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
 
     proc = _k_schedule_server(servers)
     prompt = task.take(1, seed=11, split="test", **ZOO_TASK)[0].prompt
-    tokens = 256
+    tokens = 448  # ~2-3 s paused on this machine: the resume at 0.5 s lands mid-request
     with RolloutClient(proc.address) as c:
         state = c.set_k_schedule([(1, 64, 0), (65, 128, 1)])  # k=0 for one sequence
         assert not state.drafter_paused and not c.status().speculation.drafter_paused
@@ -263,13 +263,20 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
 
         greedy = {"n": 1, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
         with ThreadPoolExecutor(1) as pool:
+            t0 = time.monotonic()
             started = pool.submit(c.generate, [prompt], **greedy)
-            time.sleep(1.0)
+            time.sleep(0.5)
             state = c.set_k_schedule([(1, 128, 1)])
+            # a request already done would draft nothing whatever the resume does: the
+            # test's premise, not the engine, failed then
+            in_flight, resumed_at = not started.done(), time.monotonic() - t0
             resumed = started.result(timeout=120).samples[0]
+        took = time.monotonic() - t0
+        assert in_flight, f"the {tokens}-token request ended before the resume ({took:.2f} s)"
         assert not state.drafter_paused and not c.status().speculation.drafter_paused
         assert "specrl_rollout_drafter_paused 0.0" in metrics_text(proc)
-        assert 0 < resumed.acceptance.drafts < tokens - 1, resumed.acceptance  # paused, then drafting
+        # paused, then drafting
+        assert 0 < resumed.acceptance.drafts < tokens - 1, (resumed.acceptance, resumed_at, took)
         never_paused = c.generate([prompt], **greedy).samples[0]
         assert never_paused.acceptance.drafts >= tokens // 2
         assert list(resumed.token_ids) == list(never_paused.token_ids)

@@ -93,7 +93,14 @@ def test_draft_bench_pairs_each_draft_with_the_shared_ar_and_its_own_best_k():
 
     def rounds(*rates, al=2.0):  # closed_loop results of 100 tokens, one per counted round
         return [
-            {"tokens": 100, "seconds": 100 / x, "drafts": 50, "accepted": round(50 * (al - 1))} for x in rates
+            {
+                "tokens": 100,
+                "seconds": 100 / x,
+                "drafts": 50,
+                "accepted": round(50 * (al - 1)),
+                "busy_start": False,
+            }
+            for x in rates
         ]
 
     # two rounds, the machine 2x slower in the second; the frozen draft's best is k=3
@@ -200,14 +207,18 @@ def test_measurements_wait_for_the_cpu_to_go_quiet():
     procs = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(2)]
     try:
         time.sleep(0.3)  # the loops are spinning
-        waited = wait_for_quiet_cpu(timeout=3.0)
+        waited, quiet = wait_for_quiet_cpu(timeout=3.0)
     finally:
         for p in procs:
             p.wait()
     # at least until the loops ended (~1.2 s more), at most the timeout (a machine busy
-    # with something else besides keeps it waiting that long)
+    # with something else besides keeps it waiting that long, and says so)
     assert 0.8 <= waited < 3.6, waited
-    assert wait_for_quiet_cpu(busy_percent=100.1, timeout=5.0) < 0.5  # nothing counts as busy
+    assert quiet or waited >= 3.0
+    waited, quiet = wait_for_quiet_cpu(busy_percent=100.1, timeout=5.0)  # nothing counts as busy
+    assert quiet and waited < 0.5
+    waited, quiet = wait_for_quiet_cpu(busy_percent=0.0, timeout=0.5)  # never quiet: gives up, says so
+    assert not quiet and 0.5 <= waited < 1.0
 
 
 def test_the_controllers_k_is_its_last_decision_outside_a_probe():

@@ -81,6 +81,7 @@ def run_adaptive_bench(
         with ExitStack() as stack:
             procs = [stack.enter_context(ServiceProcess(v.config())) for v in variants]
             rates: dict[tuple[int, int], list[float]] = {}
+            busy = 0
             orders = itertools.cycle(balanced_orders(len(variants)))
             for rnd in range(rounds + 1):
                 for c in concurrency:
@@ -88,6 +89,7 @@ def run_adaptive_bench(
                         r = closed_loop(procs[i].address, prompts[: per_level[c]], c)
                         if rnd:
                             rates.setdefault((i, c), []).append(r["tokens"] / r["seconds"])
+                            busy += r["busy_start"]
                 console.print(f"  round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
             k_now = {
                 (i, c): chosen_k(procs[i].address, c)
@@ -95,7 +97,14 @@ def run_adaptive_bench(
                 if v.adaptive
                 for c in concurrency
             }
-            rows += table_rows(variants, rates, concurrency, draft or method, k_now)
+            rows += [
+                row | {"busy_starts": busy}
+                for row in table_rows(variants, rates, concurrency, draft or method, k_now)
+            ]
+            if busy:
+                console.print(
+                    f"  [yellow]{busy} measurement(s) began on a busy CPU (never went quiet)[/yellow]"
+                )
             for row in rows[-len(variants) * len(concurrency) :]:
                 console.print(
                     f"  {row['variant']:<10} c={row['concurrency']:<3} {row['tokens_per_s']:>8.1f} tok/s "

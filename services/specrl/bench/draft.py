@@ -197,6 +197,11 @@ def _measure(
             f"    {row['draft']:<8} {row['method']:<6} {kind}"
             f" c={row['concurrency']:<3} {row['tokens_per_s']:>8.1f} tok/s  AL {row['acceptance_length']:.2f}"
             f"  {row['speedup_vs_ar']:.2f}x AR  {row.get('vs_ar', '')}  {row.get('vs_best_k', '')}"
+            + (
+                f"  [yellow]{row['busy_starts']} round(s) began on a busy CPU[/yellow]"
+                if row["busy_starts"]
+                else ""
+            )
         )
     return rows, named
 
@@ -247,6 +252,7 @@ def _row(task: Task, init: str, cell: Cell, paired: dict, results: list[dict]) -
         **paired,
         "tokens": sum(r["tokens"] for r in results),
         "acceptance_length": round(1 + accepted / drafts, 3) if drafts else 1.0,
+        "busy_starts": sum(r["busy_start"] for r in results),  # rounds begun on a busy CPU
     }
 
 
