@@ -141,9 +141,10 @@ def test_a_draft_that_only_beats_vllms_k0_is_turned_off_globally():
 
 
 def test_a_draft_that_keeps_losing_is_measured_afresh_ever_more_rarely():
-    """Every re-measurement of a draft that never pays runs a quarter period at the
-    largest k (~0.5x AR here); doubling the off period after each loss keeps that cost
-    small where a fixed period pays it every 1.25 periods."""
+    """Every re-measurement of a draft that never pays drafts for a while (at k <= 2, see
+    below) and resumes the drafter (a recompute of what is in flight); doubling the off
+    period after each loss makes both ever rarer, where a fixed period pays them every
+    period."""
     engine = SimEngine(alpha=0.15, draft_fixed=0.006, per_pos=0.003)
     ar = engine.expected_rate(0, 1, paused=True)
     assert engine.expected_rate(3, 1) < 0.55 * ar
@@ -151,8 +152,8 @@ def test_a_draft_that_keeps_losing_is_measured_afresh_ever_more_rarely():
     backoff = serve(AdaptiveK(CFG, 3, 128), engine, steps)
     fixed = serve(AdaptiveK(CFG.model_copy(update={"off_backoff_max": 1}), 3, 128), engine, steps)
     assert backoff[2] <= 6 < fixed[2]  # off for 1, 2, 4, 8 periods: 4 resumes (18 without)
-    assert backoff[0] >= 0.96 * ar
-    assert backoff[0] > 1.04 * fixed[0]
+    assert backoff[0] >= 0.97 * ar
+    assert backoff[0] > fixed[0]
 
 
 def test_speculation_at_the_ar_margin_does_not_flap():
@@ -266,3 +267,30 @@ def test_k0_everywhere_stops_the_engine_cores_per_step_draft_fetch():
     assert scheduler.dynamic_sd_lookup[1:] == [0] * 8 and not core.check_for_draft_tokens
     set_k_schedule(core, [[1, 4, 0], [5, 8, 2]])
     assert scheduler.dynamic_sd_lookup[1:] == [0] * 4 + [2] * 4 and core.check_for_draft_tokens
+
+
+def test_a_losing_draft_is_measured_afresh_from_its_cheap_end():
+    """After an off period speculation is measured at k=1 and k=2 first: acceptance never
+    rises with the draft position, so they bound every k, and a draft that cannot beat the
+    paused engine even so goes back off without drafting deeper (the full search would
+    run k=7 first, at ~0.4x AR here). Serving it costs about nothing after the first off
+    decision."""
+    engine = SimEngine(alpha=0.15, draft_fixed=0.006, per_pos=0.003)
+    ar = engine.expected_rate(0, 1, paused=True)
+    assert engine.expected_rate(7, 1) < 0.45 * ar
+    ctl = AdaptiveK(CFG, 7, 128)
+    deepest, drafting, seconds, tokens = 0, 0, 0.0, 0
+    seen_off = False
+    for _ in range(24 * CFG.refresh_steps):
+        k = ctl.k_for(1)
+        step, made = engine.step(k, 1, paused(ctl))
+        ctl.observe(step)
+        if seen_off:
+            deepest, drafting = max(deepest, k), drafting + (k > 0)
+            seconds, tokens = seconds + step.seconds, tokens + made
+        seen_off |= ctl.mode == OFF
+    assert seen_off and deepest == 2
+    # each of the 4 re-measurements (off 1, 2, 4, 8 periods, then the last one's
+    # rest) drafts a few dozen steps: anchors and the second position's acceptance
+    assert drafting <= 4 * (2 * CFG.min_samples + CFG.acceptance_window // 8 + 2 * CFG.min_samples)
+    assert tokens / seconds >= 0.99 * ar

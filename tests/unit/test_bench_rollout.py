@@ -221,13 +221,15 @@ def test_measurements_wait_for_the_cpu_to_go_quiet():
     assert not quiet and 0.5 <= waited < 1.0
 
 
-def test_the_controllers_k_is_its_last_decision_outside_a_probe():
+def test_the_controllers_k_is_the_one_its_last_schedule_change_set():
     from specrl.bench.draft import settled_k
 
     changes = [
         "2026-11-26 00:43:14,070 [(1, 2, 0), (3, 128, 3)] (speculating)",
-        "2026-11-26 00:43:35,490 [(1, 128, 0)] (probing)",
+        "2026-11-26 00:43:14,170 [(1, 2, 1), (3, 128, 3)] (speculating)",
     ]
-    assert [settled_k(changes, b) for b in (1, 2, 3, 128)] == [0, 0, 3, 3]
-    assert settled_k([*changes, "2026-11-26 00:44:01,000 [(1, 128, 0)] (off)"], 3) == 0
-    assert settled_k(changes[1:], 1) == -1
+    assert [settled_k(changes, b) for b in (1, 2, 3, 128)] == [1, 1, 3, 3]
+    # a probe that turned speculation off logs nothing after it: off everywhere
+    probe = "2026-11-26 00:43:35,490 [(1, 128, 0)] (probing)"
+    assert [settled_k([*changes, probe], b) for b in (1, 3)] == [0, 0]
+    assert settled_k([], 1) == -1

@@ -267,14 +267,15 @@ _CHANGE = re.compile(r"^(\S+ \S+) .*adaptive k schedule now (.*)$")
 
 
 def settled_k(changes: list[str], batch: int) -> int:
-    """The k the controller's last decision set for `batch` (its last schedule outside a
-    probe, which holds k=0 everywhere for a few steps and says nothing of the choice);
-    -1 with none."""
-    for change in reversed(changes):
-        schedule, mode = change.split(" ", 2)[2].rsplit(" ", 1)
-        if mode != "(probing)":
-            return next((k for first, last, k in ast.literal_eval(schedule) if first <= batch <= last), -1)
-    return -1
+    """The k in force for `batch` after the controller's last schedule change; -1 with
+    none. A probe's k=0 everywhere counts: a probe that keeps speculation logs the
+    schedule it returns to, one that turns it off logs nothing more (the schedule stays
+    k=0), so a run that ends on a probe line ended off (or, rarely, within a probe's few
+    dozen steps)."""
+    if not changes:
+        return -1
+    schedule = changes[-1].split(" ", 2)[2].rsplit(" ", 1)[0]
+    return next((k for first, last, k in ast.literal_eval(schedule) if first <= batch <= last), -1)
 
 
 def run_draft_bench(

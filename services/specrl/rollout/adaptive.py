@@ -30,12 +30,15 @@ beats off by `ar_margin`; otherwise the engine stays paused for `refresh_steps` 
 before speculation is measured afresh. Each decision holds for a whole period, so the
 drafter resumes (and recomputes what is in flight) at most twice per period.
 
-Measuring speculation afresh costs time when the draft does not pay (a quarter period
-at the largest k, the worst setting for such a draft), so each consecutive decision for
-off doubles the next off period, up to `off_backoff_max` periods: a draft that keeps
-losing is re-measured ever more rarely (a quarter period at ~0.5x AR, as the zoo's
-generic head runs at batch 64, after every one-period off period loses about a sixth of
-the throughput; after eight-period ones, about 3%). A decision for speculation resets it.
+Measuring speculation afresh costs time when the draft does not pay, so it starts from the
+cheap end: k=1 and k=2 are measured first, and since acceptance never rises with the draft
+position they bound what any k could make (`AdaptiveK.rate_bound`); a draft that cannot
+beat the paused engine by `ar_margin` even so goes back off after a few dozen steps at
+k <= 2, where the full search would have run the largest k (the worst setting for such a
+draft: ~0.5x AR for the zoo's generic head) and then a quarter period. Each consecutive
+decision for off also doubles the next off period, up to `off_backoff_max` periods, so a
+draft that keeps losing is re-measured ever more rarely. A decision for speculation
+resets both.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ class AdaptiveK:
         self._period = cfg.refresh_steps // 4  # speculating steps before the next probe
         self.probe_steps = 3 * cfg.min_samples
         self._off_periods = 1  # length of the next off period, in refresh periods
+        self._after_off = False  # speculation measured afresh after an off period
         self._off_steps = cfg.refresh_steps  # length of the off period in force
 
     def _reset_acceptance(self) -> None:
@@ -192,8 +196,9 @@ class AdaptiveK:
         if self.mode == PROBING and self._mode_steps >= self.probe_steps:
             return self._decide()
         if self.mode == OFF and self._mode_steps >= self._off_steps:
-            for x in self.ranges:  # speculation is measured afresh: draft and load moved
-                x.k, x.seconds, x.steps, x.deep_drafts = self.max_k, {}, 0, 0
+            for x in self.ranges:  # speculation is measured afresh (draft and load moved),
+                x.k, x.seconds, x.steps, x.deep_drafts = 1, {}, 0, 0  # from its cheap end
+            self._after_off = True
             self._reset_acceptance()
             self._enter(SPECULATING)
             self._period = self.cfg.refresh_steps // 4
@@ -217,6 +222,7 @@ class AdaptiveK:
             self._enter(SPECULATING)
             self._period = self.cfg.refresh_steps
             self._off_periods = 1
+            self._after_off = False
             return True
         self._go_off()
         return False
@@ -288,8 +294,45 @@ class AdaptiveK:
                 out[k] = batch * self.tokens_per_step(k) / cost
         return out
 
+    def _cheap_verdict(self, r: _Range, costs: dict[int, float]) -> int | None:
+        """After an off period, speculation is measured afresh from its cheap end: k=1 and
+        k=2 first, which bound what any k could make (`rate_bound`). A draft that cannot
+        beat the paused engine by `ar_margin` even so goes back off without running the
+        largest k, and the ranges not seen since the off period with it. The k to measure
+        or 0; None when the bound leaves room (the full search goes on)."""
+        off = self.off_rate(r)
+        if self.max_k < 3 or off is None:
+            return None  # nothing to bound (k <= 2 is the whole search) or to beat
+        for anchor in (1, 2):
+            if anchor not in costs:
+                return anchor
+        if self._requests[1] < self.cfg.acceptance_window // 8:
+            return r.k  # acceptance at the second position still too uncertain
+        if self.rate_bound(r, costs) >= off * self.cfg.ar_margin:
+            return None
+        for x in self.ranges:
+            if x.steps == 0:
+                x.k = 0
+        return 0
+
+    def rate_bound(self, r: _Range, costs: dict[int, float]) -> float:
+        """The most any k could make in range `r`, from the step costs of k=1 and k=2 and
+        the acceptance at the first two positions: acceptance never rises with the
+        position (a later draft token counts only when the earlier ones were accepted),
+        so no later position accepts more than the second, and each costs what the second
+        added (linear in k; step costs measured here grow about so)."""
+        a1, a2 = self.acceptance()[:2]
+        slope = max(costs[2] - costs[1], 0.0)
+        batch = statistics.fmean(r.batches)
+        best = batch * (1 + a1) / costs[1]
+        for k in range(2, self.max_k + 1):
+            best = max(best, batch * (1 + a1 + (k - 1) * a2) / (costs[2] + (k - 2) * slope))
+        return best
+
     def _choose(self, r: _Range) -> int:
         costs = self.costs(r)
+        if self._after_off and (cheap := self._cheap_verdict(r, costs)) is not None:
+            return cheap
         learning = r.steps % self.cfg.refresh_steps < self.cfg.refresh_steps // 8
         if r.k == self.max_k and r.deep_drafts < self.cfg.acceptance_window // 4 and learning:
             # acceptance at the deepest position still too uncertain (bounded: a drafter
