@@ -219,17 +219,3 @@ def test_measurements_wait_for_the_cpu_to_go_quiet():
     assert quiet and waited < 0.5
     waited, quiet = wait_for_quiet_cpu(busy_percent=0.0, timeout=0.5)  # never quiet: gives up, says so
     assert not quiet and 0.5 <= waited < 1.0
-
-
-def test_the_controllers_k_is_the_one_its_last_schedule_change_set():
-    from specrl.bench.draft import settled_k
-
-    changes = [
-        "2026-11-26 00:43:14,070 [(1, 2, 0), (3, 128, 3)] (speculating)",
-        "2026-11-26 00:43:14,170 [(1, 2, 1), (3, 128, 3)] (speculating)",
-    ]
-    assert [settled_k(changes, b) for b in (1, 2, 3, 128)] == [1, 1, 3, 3]
-    # a probe that turned speculation off logs nothing after it: off everywhere
-    probe = "2026-11-26 00:43:35,490 [(1, 128, 0)] (probing)"
-    assert [settled_k([*changes, probe], b) for b in (1, 3)] == [0, 0]
-    assert settled_k([], 1) == -1

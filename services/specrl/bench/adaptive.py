@@ -97,7 +97,7 @@ def run_adaptive_bench(
                 if v.adaptive
                 for c in concurrency
             }
-            rows += [
+            rows += [  # busy_starts: counted measurements of this speculator's servers, all of them
                 row | {"busy_starts": busy}
                 for row in table_rows(variants, rates, concurrency, draft or method, k_now)
             ]

@@ -23,7 +23,6 @@ each row carries the geometric mean of those ratios with a 95% interval
 
 from __future__ import annotations
 
-import ast
 import itertools
 import json
 import re
@@ -36,7 +35,7 @@ from rich.console import Console
 
 from specrl.bench.adaptive import balanced_orders, table_rows
 from specrl.bench.report import machine, markdown_table, print_table
-from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, Variant, closed_loop, zoo_test_prompts
+from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, Variant, chosen_k, closed_loop, zoo_test_prompts
 from specrl.config import RolloutServerConfig, RunConfig
 from specrl.launcher import ServiceProcess, start_all
 
@@ -188,7 +187,7 @@ def _measure(
                         done.setdefault((i, c), []).append(r)
             console.print(f"  round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
         decisions = {i: _schedule_changes(procs[i]) for i, cell in enumerate(cells) if cell[4]}
-    k_now = {(i, c): settled_k(changes, c) for i, changes in decisions.items() for c in levels}
+        k_now = {(i, c): chosen_k(procs[i].address, c) for i in decisions for c in levels}
     rows = cell_rows(task, init, cells, done, k_now, levels)
     named = {f"{task.name}/{init}/{cells[i][0]}": changes for i, changes in decisions.items()}
     for row in rows:
@@ -228,7 +227,7 @@ def cell_rows(
             for c in levels
         }
         chose = {(j, c): k_now[(i, c)] for j, i in enumerate(idx) for c in levels if (i, c) in k_now}
-        grouped = table_rows(variants, rates, levels, label, chose)
+        grouped = table_rows(variants, rates, levels, label, chose)  # level by level, then variant
         for row, (c, i) in zip(grouped, [(c, i) for c in levels for i in idx]):
             if i == 0 and any(r["method"] == "ar" and r["concurrency"] == c for r in rows):
                 continue  # AR once per level: every group shares it
@@ -264,18 +263,6 @@ def _schedule_changes(proc: ServiceProcess) -> list[str]:
 
 
 _CHANGE = re.compile(r"^(\S+ \S+) .*adaptive k schedule now (.*)$")
-
-
-def settled_k(changes: list[str], batch: int) -> int:
-    """The k in force for `batch` after the controller's last schedule change; -1 with
-    none. A probe's k=0 everywhere counts: a probe that keeps speculation logs the
-    schedule it returns to, one that turns it off logs nothing more (the schedule stays
-    k=0), so a run that ends on a probe line ended off (or, rarely, within a probe's few
-    dozen steps)."""
-    if not changes:
-        return -1
-    schedule = changes[-1].split(" ", 2)[2].rsplit(" ", 1)[0]
-    return next((k for first, last, k in ast.literal_eval(schedule) if first <= batch <= last), -1)
 
 
 def run_draft_bench(
@@ -350,7 +337,7 @@ def paper_table(rows: list[dict], task: str, ks: list[int], concurrency: int) ->
                 hit = [
                     r
                     for r in rows
-                    if (r["init"], r["draft"], r["k"], bool(r["adaptive"])) == (init, label, k, adaptive)
+                    if (r["init"], r["draft"], r["k"], r["adaptive"]) == (init, label, k, adaptive)
                 ]
                 chosen = f", k={hit[0]['k_at_c']}" if hit and adaptive else ""
                 cells.append(
