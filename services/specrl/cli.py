@@ -369,11 +369,19 @@ def bench_adaptive(
     paused: bool = typer.Option(
         False, "--paused", help="Also each speculator held at k=0 everywhere, its drafter paused."
     ),
+    task: str = typer.Option(
+        "rl-zero", help="rl-zero (the zoo target) or rl-think (its RL-Think variant, long traces)."
+    ),
 ) -> None:
     """Adaptive k vs each fixed k vs AR, all servers up at once, interleaved and repeated."""
     from specrl.bench.adaptive import run_adaptive_bench
     from specrl.bench.rollout import pick_speculators
+    from specrl.bench.tasks import TASKS, pick_tasks
 
+    try:
+        (picked,) = pick_tasks([task])
+    except ValueError as e:
+        _fail(f"--task: {e}")
     run_adaptive_bench(
         out,
         speculators=pick_speculators(_speculators(only)),
@@ -381,6 +389,7 @@ def bench_adaptive(
         concurrency=[int(c) for c in concurrency.split(",")],
         rounds=rounds,
         paused=paused,
+        task=TASKS[picked],
         console=console,
     )
 
@@ -401,7 +410,8 @@ def bench_draft(
     """Task (RL-Zero, RL-Think) x draft init (domain, generic) x k x online adaptation (off,
     on after an RL run), n-gram and the adaptive controller; each run's servers measured
     together in interleaved rounds."""
-    from specrl.bench.draft import pick_tasks, run_draft_bench
+    from specrl.bench.draft import run_draft_bench
+    from specrl.bench.tasks import pick_tasks
 
     try:
         chosen = pick_tasks(tasks.split(","))

@@ -324,3 +324,24 @@ def test_adaptive_k_keeps_speculation_where_it_pays_and_turns_it_off_where_it_co
     label = "1" if batch == 1 else "49-64"
     assert f'specrl_rollout_adaptive_k{{batch_sizes="{label}"}} {float(k)}' in body
     assert f'specrl_rollout_adaptive_tokens_per_second{{batch_sizes="{label}",k="0"}}' in body
+
+
+def test_a_probe_that_turns_speculation_off_says_so_in_the_log(servers):
+    """The controller's global decision on a real engine: the generic-init head at 64
+    sequences costs more than it saves (see above), so the first probe (after
+    refresh_steps / 4 = 10 speculating steps here) ends with speculation off. The
+    schedule stays k=0 everywhere from the probe on, so only the mode changes: the log
+    must still say so (it used to go silent, and a log ending on a probe line was
+    ambiguous)."""
+    cfg = server_config("eagle3", 3, "zoo:eagle3-generic", metrics_port=0)
+    spec = cfg.speculation.model_dump() | {"adaptive": {"enabled": True, "refresh_steps": 40}}
+    proc = servers.get(cfg.model_copy(update={"speculation": type(cfg.speculation).model_validate(spec)}))
+    prompts = [p.prompt for p in task.take(64, seed=21, split="test", **ZOO_TASK)]
+    with RolloutClient(proc.address) as c:
+        for i in range(2):
+            c.generate(prompts, max_tokens=48, ignore_eos=True, seed=i)
+    lines = [line for line in proc.log_path.read_text().splitlines() if "adaptive k schedule now" in line]
+    modes = [line.rsplit("(", 1)[-1].rstrip(")") for line in lines]
+    assert "probing" in modes, lines
+    after_probe = lines[modes.index("probing") + 1]
+    assert after_probe.endswith("[(1, 128, 0)] (off)"), lines

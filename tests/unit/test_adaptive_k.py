@@ -294,3 +294,21 @@ def test_a_losing_draft_is_measured_afresh_from_its_cheap_end():
     # rest) drafts a few dozen steps: anchors and the second position's acceptance
     assert drafting <= 4 * (2 * CFG.min_samples + CFG.acceptance_window // 8 + 2 * CFG.min_samples)
     assert tokens / seconds >= 0.99 * ar
+
+
+def test_a_probe_during_an_anchor_measurement_credits_the_range_with_its_best_measured_k():
+    """The probe comes on a timer, so it can fall while a range measures an anchor it has
+    too few steps of (seen on a real engine: k=3 measured, then k=0 for two steps, then
+    the probe). The range is credited with the best k it has measured; it used to be left
+    out, and with no range left the decision defaulted to speculation."""
+    cfg = CFG.model_copy(update={"refresh_steps": 40})  # first probe after 10 steps
+    engine = SimEngine(alpha=0.15, draft_fixed=0.006, per_pos=0.003)
+    assert engine.expected_rate(3, 1) < 0.6 * engine.expected_rate(0, 1, paused=True)
+    ctl = AdaptiveK(cfg, 3, 128)
+    modes = []
+    while len(modes) < 2:
+        ctl.observe(engine.step(ctl.k_for(1), 1, paused(ctl))[0])
+        if not modes or modes[-1] != ctl.mode:
+            modes.append(ctl.mode)
+    run(ctl, engine, 1, 3 * CFG.min_samples + 2)
+    assert modes == ["speculating", "probing"] and ctl.mode == OFF

@@ -79,7 +79,8 @@ def test_draft_table_puts_the_adaptive_controller_beside_the_fixed_ks():
 
 
 def test_draft_bench_pairs_each_draft_with_the_shared_ar_and_its_own_best_k():
-    from specrl.bench.draft import TASKS, _cells, cell_rows, controller_lines
+    from specrl.bench.draft import _cells, cell_rows, controller_lines
+    from specrl.bench.tasks import TASKS
 
     cells = _cells(TASKS["rl-zero"], "eagle3-generic", [3, 7], Path("/run/draft"))
     assert [(c[0], c[1], c[3], c[4]) for c in cells] == [
@@ -134,9 +135,25 @@ def test_draft_bench_pairs_each_draft_with_the_shared_ar_and_its_own_best_k():
     assert "0.75x the best fixed k=3" in lines[0]
 
 
-def test_unknown_draft_bench_task_is_refused():
+def test_unknown_bench_task_is_refused():
     result = CliRunner().invoke(app, ["bench", "draft", "--tasks", "rl-zero,rl-hard"])
     assert result.exit_code == 2 and "rl-hard" in result.output
+    result = CliRunner().invoke(app, ["bench", "adaptive", "--task", "rl-hard"])
+    assert result.exit_code == 2 and "rl-hard" in result.output
+
+
+def test_a_task_serves_its_own_target_and_drafts():
+    from specrl.bench.rollout import Variant
+    from specrl.bench.tasks import TASKS
+
+    think = TASKS["rl-think"]
+    v = Variant("eagle3", "eagle3-domain", 7, adaptive=True, zoo=think.zoo)
+    cfg = v.config()
+    assert cfg.engine.model == "zoo:think/target" and cfg.speculation.draft == "zoo:think/eagle3-domain"
+    assert v.label == "eagle3:think/eagle3-domain:adaptive<=7"
+    assert Variant("none", "", 0, zoo=think.zoo).config().engine.model == "zoo:think/target"
+    assert Variant("eagle3", "eagle3-domain", 3).config().engine.model == "zoo:target"
+    assert (TASKS["rl-zero"].prompts(32), think.prompts(32), think.prompts(10)) == (32, 16, 8)
 
 
 def test_adaptive_bench_measures_every_server_after_every_other_equally_often():

@@ -34,7 +34,8 @@ from pathlib import Path
 from rich.console import Console
 
 from specrl.bench.report import machine, markdown_table, print_table
-from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, Variant, chosen_k, closed_loop, zoo_test_prompts
+from specrl.bench.rollout import TEMPERATURE, Variant, chosen_k, closed_loop
+from specrl.bench.tasks import TASKS, Task, task_prompts
 from specrl.launcher import ServiceProcess
 
 TABLE_COLUMNS = (
@@ -64,20 +65,25 @@ def run_adaptive_bench(
     concurrency: list[int],
     rounds: int = 3,
     paused: bool = False,
+    task: Task = TASKS["rl-zero"],
     console: Console | None = None,
 ) -> list[dict]:
     """`paused`: also each speculator's server held at k=0 everywhere with its drafter
-    paused, the engine the controller leaves running when it turns speculation off."""
+    paused, the engine the controller leaves running when it turns speculation off.
+    `task`: whose target and drafts are served, on how many prompts (its share of
+    max(32, 4c) per level) of how many tokens."""
     console = console or Console(stderr=True)
-    per_level = {c: max(32, 4 * c) for c in concurrency}
-    prompts = zoo_test_prompts(max(per_level.values()), console)
+    per_level = {c: task.prompts(max(32, 4 * c)) for c in concurrency}
+    prompts = task_prompts([task], max(per_level.values()), console)
     rows: list[dict] = []
     for method, draft in speculators:
-        variants = [Variant("none", "", 0)] + [Variant(method, draft, k) for k in ks]
-        variants.append(Variant(method, draft, max(ks), adaptive=True))
+        variants = [Variant("none", "", 0, zoo=task.zoo)]
+        variants += [Variant(method, draft, k, zoo=task.zoo) for k in ks]
+        variants.append(Variant(method, draft, max(ks), adaptive=True, zoo=task.zoo))
         if paused:
-            variants.append(Variant(method, draft, max(ks), paused=True))
-        console.print(f"[bold]{draft or method}[/bold]: {', '.join(v.label for v in variants)}")
+            variants.append(Variant(method, draft, max(ks), paused=True, zoo=task.zoo))
+        name = task.zoo + draft if draft else method
+        console.print(f"[bold]{name}[/bold]: {', '.join(v.label for v in variants)}")
         with ExitStack() as stack:
             procs = [stack.enter_context(ServiceProcess(v.config())) for v in variants]
             rates: dict[tuple[int, int], list[float]] = {}
@@ -86,7 +92,7 @@ def run_adaptive_bench(
             for rnd in range(rounds + 1):
                 for c in concurrency:
                     for i in next(orders):
-                        r = closed_loop(procs[i].address, prompts[: per_level[c]], c)
+                        r = closed_loop(procs[i].address, prompts[: per_level[c]], c, task.max_tokens)
                         if rnd:
                             rates.setdefault((i, c), []).append(r["tokens"] / r["seconds"])
                             busy += r["busy_start"]
@@ -98,8 +104,7 @@ def run_adaptive_bench(
                 for c in concurrency
             }
             rows += [  # busy_starts: counted measurements of this speculator's servers, all of them
-                row | {"busy_starts": busy}
-                for row in table_rows(variants, rates, concurrency, draft or method, k_now)
+                row | {"busy_starts": busy} for row in table_rows(variants, rates, concurrency, name, k_now)
             ]
             if busy:
                 console.print(
@@ -111,7 +116,7 @@ def run_adaptive_bench(
                     f"[{row['min']}, {row['max']}]  {row['speedup_vs_ar']:.2f}x AR  k {row['k_at_c']}"
                     f"  {row.get('vs_ar', '')}"
                 )
-        _write(out, rows, rounds)
+        _write(out, rows, rounds, task)
     print_table(rows, PRINTED, "adaptive k vs fixed k vs AR (medians of interleaved rounds)", console)
     return rows
 
@@ -201,8 +206,14 @@ def _paired(against: str, got: list[float], base: list[float]) -> dict:
     }
 
 
-def _write(out: Path, rows: list[dict], rounds: int) -> None:
+def _write(out: Path, rows: list[dict], rounds: int, task: Task) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": machine(), "max_tokens": MAX_TOKENS, "temperature": TEMPERATURE, "rounds": rounds}
+    meta = {
+        "machine": machine(),
+        "task": task.name,
+        "max_tokens": task.max_tokens,
+        "temperature": TEMPERATURE,
+        "rounds": rounds,
+    }
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     out.with_suffix(".md").write_text(markdown_table(rows, TABLE_COLUMNS) + "\n")

@@ -28,38 +28,20 @@ import json
 import re
 import tempfile
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from specrl.bench.adaptive import balanced_orders, table_rows
 from specrl.bench.report import machine, markdown_table, print_table
-from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, Variant, chosen_k, closed_loop, zoo_test_prompts
+from specrl.bench.rollout import TEMPERATURE, Variant, chosen_k, closed_loop
+from specrl.bench.tasks import TASKS, Task, pick_tasks, task_prompts
 from specrl.config import RolloutServerConfig, RunConfig
 from specrl.launcher import ServiceProcess, start_all
 
 INITS = ("eagle3-domain", "eagle3-generic")
 
 
-@dataclass(frozen=True)
-class Task:
-    """One column of the paper's table: the policy and drafts (zoo names under `zoo`), how
-    long its answers may run, and how much of it to sample (long traces cost more per
-    prompt: fewer prompts per RL step and per measured level)."""
-
-    name: str
-    zoo: str  # "" (the zoo: zoo:target, zoo:eagle3-*) or "think/" (its RL-Think variant)
-    max_tokens: int
-    prompts_per_step: int
-    prompt_share: float  # of `prompts_per_level` measured per concurrency level
-
-
-TASKS = {
-    "rl-zero": Task("rl-zero", "", MAX_TOKENS, 16, 1.0),
-    # traces of ~110 tokens (up to ~135): 160 leaves none cut short
-    "rl-think": Task("rl-think", "think/", 160, 8, 0.5),
-}
 TABLE_COLUMNS = (
     "task",
     "init",
@@ -278,19 +260,16 @@ def run_draft_bench(
 ) -> list[dict]:
     """`tasks`: names in TASKS (default: all), measured in that order."""
     from specrl.orchestrator.run import run
-    from specrl.zoo.think import build_think
 
     console = console or Console(stderr=True)
     chosen = [TASKS[name] for name in pick_tasks(tasks)]
-    prompts = zoo_test_prompts(prompts_per_level, console)
-    if any(t.zoo for t in chosen):
-        build_think(console=console)  # cached after the first time (minutes)
+    prompts = task_prompts(chosen, prompts_per_level, console)
     rows: list[dict] = []
     runs: dict[str, list[dict]] = {}
     decisions: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="specrl-bench-draft-") as tmp:
         for task in chosen:
-            measured = prompts[: max(8, round(prompts_per_level * task.prompt_share))]
+            measured = prompts[: task.prompts(prompts_per_level)]
             for init in INITS:
                 console.print(f"[bold]{task.name} {init}[/bold]: {steps} RL steps with online adaptation")
                 result = run(_run_config(task, init, steps, Path(tmp)), console=console, metrics=False)
@@ -315,13 +294,6 @@ def run_draft_bench(
         console.print(paper_table(rows, task.name, ks, concurrency[0]))
         console.print("\n".join(controller_lines(rows, task.name)))
     return rows
-
-
-def pick_tasks(names: list[str] | None) -> list[str]:
-    """The task names asked for, checked (all of TASKS for None or [])."""
-    if unknown := sorted(set(names or ()) - set(TASKS)):
-        raise ValueError(f"unknown task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
-    return list(names or TASKS)
 
 
 def paper_table(rows: list[dict], task: str, ks: list[int], concurrency: int) -> str:

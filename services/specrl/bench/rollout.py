@@ -43,24 +43,25 @@ class Variant:
     k: int  # the draft length; with `adaptive`, the largest the controller may choose
     adaptive: bool = False
     paused: bool = False  # held at k=0 everywhere (drafter paused): where adaptive goes when off
+    zoo: str = ""  # the target's and draft's zoo prefix: "" or "think/" (bench/tasks.py)
 
     @property
     def label(self) -> str:
         if self.method == "none":
             return "ar"
         kind = "paused" if self.paused else ("adaptive<=" if self.adaptive else "k") + str(self.k)
-        return f"{self.method}:{self.draft or '-'}:{kind}"
+        return f"{self.method}:{self.zoo}{self.draft or '-'}:{kind}"
 
     def config(self) -> RolloutServerConfig:
         spec: dict = {"method": self.method, "num_speculative_tokens": max(1, self.k)}
         if self.draft:
-            spec["draft"] = f"zoo:{self.draft}"
+            spec["draft"] = f"zoo:{self.zoo}{self.draft}"
         if self.adaptive:
             spec["adaptive"] = {"enabled": True}
         if self.paused:
             spec["k_schedule"] = [[1, EngineConfig().max_num_seqs, 0]]
         return RolloutServerConfig.model_validate(
-            {"port": 0, "engine": {"model": "zoo:target", "dtype": "float32"}, "speculation": spec}
+            {"port": 0, "engine": {"model": f"zoo:{self.zoo}target", "dtype": "float32"}, "speculation": spec}
         )
 
 

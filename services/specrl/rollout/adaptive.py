@@ -212,7 +212,11 @@ class AdaptiveK:
         spec_s = off_s = 0.0
         for r in self.ranges:
             off = self.off_rate(r)
-            spec = self.rates(r, self.costs(r)).get(r.k)
+            costs = self.costs(r)
+            rates = self.rates(r, costs)
+            # a range still measuring its k (a probe can fall in an anchor's first steps)
+            # is credited with the best k it has measured: where it is going
+            spec = rates[r.k] if r.k in costs else max((rates[k] for k in costs), default=None)
             if r.paused_steps < self.cfg.min_samples // 2 or off is None or spec is None:
                 continue
             tokens = r.paused_steps * statistics.fmean(r.batches)

@@ -56,11 +56,13 @@ class RolloutService:
         metrics.speculative_tokens.set(engine.info.k)
         self.adaptive: AdaptiveK | None = None
         self._applying: asyncio.Task | None = None
+        self._adaptive_mode = ""
         spec = cfg.speculation
         if spec.adaptive.enabled:
             self.adaptive = AdaptiveK(
                 spec.adaptive, spec.num_speculative_tokens, cfg.engine.max_num_seqs, start=spec.k_schedule
             )
+            self._adaptive_mode = self.adaptive.mode
             engine.watch_steps(self._on_step)
 
     @property
@@ -128,6 +130,10 @@ class RolloutService:
         """Feed the adaptive controller (on the engine's output loop: must be quick)."""
         assert self.adaptive is not None
         changed = self.adaptive.observe(step)
+        if (mode := self.adaptive.mode) != self._adaptive_mode:
+            self._adaptive_mode = mode
+            if not changed:  # a probe that ends off keeps k=0 everywhere: the log's only trace of it
+                log.info("adaptive k schedule now %s (%s)", list(self.adaptive.schedule()), mode)
         if changed and (self._applying is None or self._applying.done()):
             self._applying = asyncio.get_running_loop().create_task(self._apply_adaptive())
         elif self.adaptive.steps % 100 == 0:
