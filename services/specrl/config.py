@@ -57,6 +57,11 @@ class AdaptiveSpeculationConfig(StrictModel):
     # (on 2 CPU cores it rated the generic head's k=1 ~10% faster than its k=0 while that
     # server ran at 0.78-0.94x an AR server; docs/benchmarks.md)
     ar_margin: float = Field(1.10, ge=1.0, le=3.0)
+    # speculation already on stays on at a probe when estimated this much faster than the
+    # paused engine (at most ar_margin, which turning it back on takes): a draft near
+    # ar_margin is not turned off by one probe's noise (the probe compares two engines
+    # by the same cycle time, not biased between them: docs/draft.md)
+    keep_margin: float = Field(1.05, ge=1.0, le=3.0)
     # acceptance per draft position is estimated over this many recent drafts there; the
     # largest k is run until a quarter as many were verified at its last position (for at
     # most refresh_steps / 8 steps)
@@ -69,6 +74,8 @@ class AdaptiveSpeculationConfig(StrictModel):
     def _check(self) -> AdaptiveSpeculationConfig:
         if self.window < self.min_samples:
             raise ValueError("speculation.adaptive.window must be >= min_samples")
+        if self.keep_margin > self.ar_margin:
+            raise ValueError("speculation.adaptive.keep_margin must be <= ar_margin")
         return self
 
 

@@ -26,8 +26,10 @@ decision, speculation or off: every `refresh_steps` steps (the first time sooner
 controller pauses speculation everywhere for a short probe, measures the paused engine
 per range, and compares the whole traffic's time under the speculative schedule with its
 time paused (ranges weighted by the tokens they carry). Speculation is kept only when it
-beats off by `ar_margin`; otherwise the engine stays paused for `refresh_steps` steps
-before speculation is measured afresh. Each decision holds for a whole period, so the
+beats off by `keep_margin` (5%); otherwise the engine stays paused for `refresh_steps`
+steps before speculation is measured afresh, and it comes back only when it beats off by
+`ar_margin` (10%): a draft between the two stays as it is, so one noisy probe does not
+turn off a draft that was just clearly faster. Each decision holds for a whole period, so the
 drafter resumes (and recomputes what is in flight) at most twice per period.
 
 Measuring speculation afresh costs time when the draft does not pay, so it starts from the
@@ -208,21 +210,22 @@ class AdaptiveK:
     def _decide(self) -> bool:
         """End of a probe: the traffic's time under the speculative schedule against its
         time paused, over the ranges the probe saw enough of; speculation stays only when
-        it is `ar_margin` faster. True when the schedule changes (back to speculation)."""
+        it is `keep_margin` faster. True when the schedule changes (back to speculation)."""
         spec_s = off_s = 0.0
         for r in self.ranges:
             off = self.off_rate(r)
             costs = self.costs(r)
             rates = self.rates(r, costs)
-            # a range still measuring its k (a probe can fall in an anchor's first steps)
-            # is credited with the best k it has measured: where it is going
-            spec = rates[r.k] if r.k in costs else max((rates[k] for k in costs), default=None)
+            # each range is credited with the best k it has measured, where its search is
+            # going: a probe comes on a timer and can fall while a range measures an anchor
+            # (the largest k of a weak draft, or one it has too few steps of)
+            spec = max((rates[k] for k in costs), default=None)
             if r.paused_steps < self.cfg.min_samples // 2 or off is None or spec is None:
                 continue
             tokens = r.paused_steps * statistics.fmean(r.batches)
             spec_s += tokens / spec
             off_s += tokens / off
-        if off_s >= spec_s * self.cfg.ar_margin:
+        if off_s >= spec_s * self.cfg.keep_margin:
             self._enter(SPECULATING)
             self._period = self.cfg.refresh_steps
             self._off_periods = 1
