@@ -48,8 +48,12 @@ class AdaptiveSpeculationConfig(StrictModel):
     min_samples: int = Field(8, ge=2)
     # most recent steps kept per (batch range, k)
     window: int = Field(32, ge=2)
-    # steps of a batch range after which its measurements are renewed
+    # speculating steps between probes of the paused engine (the first after a quarter),
+    # and the length of an off period
     refresh_steps: int = Field(1000, ge=10)
+    # a batch range re-measures the ks it does not run (its anchors) every this many
+    # refresh_steps of its own steps
+    renew_periods: int = Field(4, ge=1, le=1024)
     # a k replaces the one in force only when measured this much faster
     min_gain: float = Field(1.03, ge=1.0, le=2.0)
     # speculation is kept only when estimated this much faster than AR (a wash goes to
@@ -63,8 +67,8 @@ class AdaptiveSpeculationConfig(StrictModel):
     # by the same cycle time, not biased between them: docs/draft.md)
     keep_margin: float = Field(1.05, ge=1.0, le=3.0)
     # acceptance per draft position is estimated over this many recent drafts there; the
-    # largest k is run until a quarter as many were verified at its last position (for at
-    # most refresh_steps / 8 steps)
+    # largest k is run until a quarter as many were verified at its last position, by any
+    # batch range (for at most refresh_steps / 8 steps)
     acceptance_window: int = Field(256, ge=8)
     # each consecutive decision for off (speculation measured afresh and losing again)
     # doubles the next off period, up to this many refresh periods

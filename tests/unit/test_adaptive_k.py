@@ -13,7 +13,7 @@ import random
 import pytest
 
 from specrl.config import AdaptiveSpeculationConfig, RolloutServerConfig
-from specrl.rollout.adaptive import OFF, AdaptiveK, batch_ranges
+from specrl.rollout.adaptive import OFF, PROBING, SPECULATING, AdaptiveK, batch_ranges
 from specrl.rollout.engines.base import EngineStep
 
 CFG = AdaptiveSpeculationConfig(enabled=True)
@@ -333,3 +333,42 @@ def test_a_draft_just_above_the_ar_margin_is_not_turned_off_by_noisy_probes():
     (off, rate), (off_full, rate_full) = got[CFG.keep_margin], got[CFG.ar_margin]
     assert off < 0.1 < 0.3 < off_full, got
     assert rate > 1.09 and rate > rate_full, got
+
+
+def test_a_rarely_visited_range_uses_the_deep_acceptance_other_ranges_measured():
+    """Acceptance per position is pooled over ranges, so a range seen one step in ten
+    (batch 2 in the tails of a batch-4 run) leaves the largest k after its own
+    `min_samples` steps there, not after verifying a quarter window of deep drafts
+    itself (32 steps at batch 2: minutes of tails at the worst k of a weak draft)."""
+    engine, ctl = SimEngine(alpha=0.5, seed=3), AdaptiveK(CFG, 7, 64)
+    at_max = 0
+    for i in range(240):  # before the first probe
+        batch = 2 if i % 10 == 0 else 4
+        at_max += batch == 2 and ctl.k_for(2) == 7
+        s, _ = engine.step(ctl.k_for(batch), batch, paused(ctl))
+        ctl.observe(s)
+    assert ctl.range_of(2).k < 7
+    assert at_max <= CFG.min_samples + 2  # + the steps ignored after a schedule change
+
+
+def test_a_range_renews_its_anchors_every_renew_periods_probe_periods():
+    """Re-measuring the anchors a range does not run (the largest k, vLLM's k=0 with the
+    drafter running, k=1) costs time: for a medium draft the largest k runs well below its
+    best k for a quarter acceptance window. Acceptance is tracked all along and the ks a
+    range runs are re-measured as it runs them, so anchors are renewed every
+    `renew_periods` refresh periods of the range's steps, while probes keep their period."""
+
+    def anchors_and_probes(renew_periods: int) -> tuple[int, int]:
+        cfg = CFG.model_copy(update={"renew_periods": renew_periods})
+        engine, ctl = SimEngine(alpha=0.8, seed=2), AdaptiveK(cfg, 7, 64)
+        anchors = probes = 0
+        for _ in range(8 * CFG.refresh_steps):
+            s, _ = engine.step(ctl.k_for(1), 1, paused(ctl))
+            if ctl.observe(s):
+                anchors += ctl.mode == SPECULATING and ctl.range_of(1).k == 0
+                probes += ctl.mode == PROBING
+        return anchors, probes
+
+    every_period, every_fourth = anchors_and_probes(1), anchors_and_probes(4)
+    assert every_period[0] >= 6 and every_fourth[0] <= 3
+    assert every_period[1] == every_fourth[1] >= 6

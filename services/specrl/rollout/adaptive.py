@@ -15,8 +15,11 @@ other k from the measured per-position acceptance and the step cost interpolated
 measured ks, tries the most promising prediction, and keeps the best *measured* k. A
 speculative k is kept only when it beats the measured AR rate by `ar_margin`: a wash goes
 to AR, so speculation is not kept where it is not clearly faster (and going back from AR
-to speculation takes `min_gain` more, so a draft at the margin does not flap). Every `refresh_steps`
-steps of a range its measurements are renewed (draft and load change during RL).
+to speculation takes `min_gain` more, so a draft at the margin does not flap). Every
+`renew_periods` x `refresh_steps` steps of a range its anchors are measured again (draft
+and load change during RL); not more often, since acceptance is tracked all along, the ks
+a range runs are re-measured as it runs them, and re-measuring the anchors costs time (a
+medium draft's largest k runs ~15% below its best k for a quarter acceptance window).
 
 k=0 in one range while others draft is vLLM's k=0: the drafter still runs every step
 (+24% over an AR engine at batch 1 on the zoo). Only k=0 at every batch size pauses the
@@ -78,7 +81,7 @@ class _Range:
     seconds: dict[int, deque[float]] = field(default_factory=dict)  # k -> step seconds
     batches: deque[int] = field(default_factory=lambda: deque(maxlen=64))
     steps: int = 0
-    deep_drafts: int = 0  # requests in steps at the largest k since the last refresh
+    deep_mark: int = 0  # AdaptiveK.deep_drafts when this range's measurements were renewed
     paused: deque[float] = field(default_factory=deque)  # step seconds with speculation off
     paused_steps: int = 0  # paused steps seen in the current probe
 
@@ -112,6 +115,7 @@ class AdaptiveK:
             for a, b in batch_ranges(max_batch)
         ]
         self._firsts = [r.first for r in self.ranges]
+        self.deep_drafts = 0  # requests verified in steps at the largest k, all ranges
         self._reset_acceptance()
         self._settle = 0  # steps to ignore after a schedule change (drafts of the old k in flight)
         # a start with k=0 everywhere is off (the engine pauses the drafter)
@@ -122,6 +126,7 @@ class AdaptiveK:
         self._off_periods = 1  # length of the next off period, in refresh periods
         self._after_off = False  # speculation measured afresh after an off period
         self._off_steps = cfg.refresh_steps  # length of the off period in force
+        self._renew_steps = cfg.refresh_steps * cfg.renew_periods  # a range's, see _choose
 
     def _reset_acceptance(self) -> None:
         """Per draft position, the most recent steps' (requests, accepted) counts and
@@ -199,7 +204,8 @@ class AdaptiveK:
             return self._decide()
         if self.mode == OFF and self._mode_steps >= self._off_steps:
             for x in self.ranges:  # speculation is measured afresh (draft and load moved),
-                x.k, x.seconds, x.steps, x.deep_drafts = 1, {}, 0, 0  # from its cheap end
+                x.k, x.seconds, x.steps = 1, {}, 0  # from its cheap end
+                x.deep_mark = self.deep_drafts
             self._after_off = True
             self._reset_acceptance()
             self._enter(SPECULATING)
@@ -248,10 +254,10 @@ class AdaptiveK:
         r.batches.append(step.batch)
         r.steps += 1
         if r.k == self.max_k:
-            r.deep_drafts += step.batch
-        if r.steps % self.cfg.refresh_steps == 0:
+            self.deep_drafts += step.batch
+        if r.steps % self._renew_steps == 0:
             r.seconds = {r.k: r.seconds[r.k]}  # renew: the anchors are measured again
-            r.deep_drafts = 0
+            r.deep_mark = self.deep_drafts
         if r.steps % self.cfg.min_samples or len(r.seconds[r.k]) < self.cfg.min_samples:
             return False
         chosen = self._choose(r)
@@ -340,10 +346,15 @@ class AdaptiveK:
         costs = self.costs(r)
         if self._after_off and (cheap := self._cheap_verdict(r, costs)) is not None:
             return cheap
-        learning = r.steps % self.cfg.refresh_steps < self.cfg.refresh_steps // 8
-        if r.k == self.max_k and r.deep_drafts < self.cfg.acceptance_window // 4 and learning:
+        learning = r.steps % self._renew_steps < self.cfg.refresh_steps // 8
+        fresh_deep = self.deep_drafts - r.deep_mark
+        if r.k == self.max_k and fresh_deep < self.cfg.acceptance_window // 4 and learning:
             # acceptance at the deepest position still too uncertain (bounded: a drafter
-            # that rarely proposes the full k, like n-gram, moves on after a while)
+            # that rarely proposes the full k, like n-gram, moves on after a while). It is
+            # pooled over ranges, so drafts verified there by any range since this one's
+            # measurements were renewed count: a rarely visited range (batch 2 in the
+            # tails of a batch-4 run) no longer holds the largest k until it has verified
+            # a quarter window itself
             return r.k
         for anchor in dict.fromkeys((self.max_k, 0, 1)):
             if anchor not in costs:
