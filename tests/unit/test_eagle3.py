@@ -88,6 +88,24 @@ def test_ttt_loss_is_zero_gradient_at_the_target():
     assert stats["top1_agreement"] == [1.0, 1.0]
 
 
+def test_ttt_loss_on_topk_targets_equals_the_dense_loss_with_zero_mass_outside():
+    """Online adaptation scores a top-k capture without spreading it over the vocabulary;
+    loss, gradient and agreement must be those of the densified distribution."""
+    torch.manual_seed(1)
+    B, T, V, k = 2, 7, CFG.vocab_size, 5
+    lp, ids = F.log_softmax(torch.randn(B, T, V), -1).topk(k, dim=-1)
+    dense = torch.full((B, T, V), -1e30).scatter(-1, ids, lp)
+    mask = (torch.rand(B, T) < 0.8).float()
+    logits = [torch.randn(B, T, V, requires_grad=True) for _ in range(3)]
+    l_dense, s_dense = ttt_loss(logits, dense, mask)
+    grads = torch.autograd.grad(l_dense, logits)
+    l_top, s_top = ttt_loss(logits, lp, mask, target_ids=ids)
+    assert torch.allclose(l_top, l_dense, rtol=1e-6) and l_top > 0
+    for a, b in zip(torch.autograd.grad(l_top, logits), grads):
+        assert torch.allclose(a, b, atol=1e-7)
+    assert s_top == s_dense
+
+
 def test_checkpoint_round_trip_in_vllm_layout(tmp_path):
     head = make_head()
     head.save(tmp_path)
@@ -155,3 +173,22 @@ def test_aux_capture_matches_transformers_hidden_states_and_vllm_semantics():
     aux = gather_aux_hidden_states(out.hidden_states, (2, 3))
     assert not aux.requires_grad
     assert torch.allclose(aux[..., :16], captured[2]) and torch.allclose(aux[..., 16:], captured[3])
+
+
+def test_a_head_fitted_on_a_bf16_target_trains_in_float32(tmp_path):
+    """`specrl draft init` loads the target in bf16 on a GPU: the fresh head (embedding
+    included) and the captured features must still be float32, or the head's first
+    layer sees mixed dtypes (found by scripts/gpu_draft_check.py on an H100)."""
+    from transformers import AutoModelForCausalLM
+
+    from specrl.draft.offline import capture, evaluate_head
+
+    from conftest import tiny_qwen3
+
+    tiny_qwen3(tmp_path, layers=8)
+    target = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    head = Eagle3Head.from_target(target, default_aux_layer_ids(8))
+    assert {p.dtype for p in head.parameters()} == {torch.float32}
+    feats = capture(target, [[1, 2, 3, 4, 5, 6]], [[0, 0, 1, 1, 1, 0]], head.cfg.aux_layer_ids, pad_id=0)
+    assert feats.aux.dtype == feats.target_logprobs.dtype == torch.float32
+    assert len(evaluate_head(head, feats, 3)) == 3

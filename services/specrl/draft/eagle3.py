@@ -212,7 +212,9 @@ class Eagle3Head(nn.Module):
         super().__init__()
         self.cfg = cfg
         h = cfg.hidden_size
-        self.embed = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
+        # float32 whatever the target's dtype: the head trains in float32 (a bf16 target's
+        # embedding would otherwise make the head's inputs bf16)
+        self.embed = nn.Embedding.from_pretrained(embed_weight.detach().float().clone(), freeze=True)
         self.fc = nn.Linear(len(cfg.aux_layer_ids) * h, h, bias=False)
         self.midlayer = _MidLayer(cfg)
         self.norm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
@@ -269,7 +271,7 @@ class Eagle3Head(nn.Module):
         from safetensors.torch import save_file
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         state.pop("embed.weight")
         save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
         (out_dir / "config.json").write_text(json.dumps(self.cfg.to_hf_config(), indent=2))
@@ -288,13 +290,18 @@ class Eagle3Head(nn.Module):
 
 def ttt_loss(
     logits: list[torch.Tensor],  # per step [B, T, V]
-    target_logprobs: torch.Tensor,  # [B, T, V] target log-probs at each sequence position
+    target_logprobs: torch.Tensor,  # [B, T, V] target log-probs at each position, or [B, T, k]
     loss_mask: torch.Tensor,  # [B, T] 1 where the target predicts a token we care about
     *,
+    target_ids: torch.Tensor | None = None,  # [B, T, k]: the tokens of top-k log-probs
     decay: float = 0.8,
 ) -> tuple[torch.Tensor, dict[str, list[float]]]:
     """Soft cross-entropy to the target distribution, summed over TTT steps with weight
     decay**j. Step j at base t is scored against the target at position t+1+j.
+
+    A top-k target (`target_ids` given) is scored where it is, without spreading it over
+    the vocabulary: the same loss as a dense distribution with zero mass outside the
+    top-k, at k/V of the memory (a Qwen3-8B distribution is 150k floats per token).
 
     Returns the loss and per-step top-1 agreement with the target's argmax, the
     statistic that tracks greedy acceptance of that draft position.
@@ -309,10 +316,15 @@ def ttt_loss(
         tgt = target_logprobs[:, shift:]
         mask = loss_mask[:, shift:].to(lg.dtype)
         pred = F.log_softmax(lg[:, : t - shift], dim=-1)
-        ce = -(tgt.exp() * pred).sum(-1)
+        if target_ids is None:
+            ce, want = -(tgt.exp() * pred).sum(-1), tgt.argmax(-1)
+        else:
+            ids = target_ids[:, shift:]
+            ce = -(tgt.exp() * pred.gather(-1, ids)).sum(-1)
+            want = ids.gather(-1, tgt.argmax(-1, keepdim=True)).squeeze(-1)
         denom = mask.sum().clamp_min(1.0)
         total = total + decay**j * (ce * mask).sum() / denom
-        agree = (pred.argmax(-1) == tgt.argmax(-1)).to(lg.dtype)
+        agree = (pred.argmax(-1) == want).to(lg.dtype)
         agreement.append(float((agree * mask).sum() / denom))
     return total, {"top1_agreement": agreement}
 
@@ -330,6 +342,7 @@ def ttt_update(
     loss_mask: torch.Tensor,
     *,
     ttt_steps: int,
+    target_ids: torch.Tensor | None = None,
     decay: float = 0.8,
     max_grad_norm: float = 1.0,
 ) -> tuple[float, dict[str, list[float]]]:
@@ -337,7 +350,7 @@ def ttt_update(
     it). A non-finite loss or gradient never reaches the weights or the optimizer state:
     the gradient is dropped and NonFiniteUpdate raised."""
     logits = head.ttt_forward(aux, input_ids, ttt_steps)
-    loss, stats = ttt_loss(logits, target_logprobs, loss_mask, decay=decay)
+    loss, stats = ttt_loss(logits, target_logprobs, loss_mask, target_ids=target_ids, decay=decay)
     params = [p for p in head.parameters() if p.requires_grad]
     if not torch.isfinite(loss):
         opt.zero_grad(set_to_none=True)

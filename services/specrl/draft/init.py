@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from specrl.config import DraftInitConfig, resolve_model_path
+from specrl.devices import local_device
 from specrl.draft.aux_layers import default_aux_layer_ids
 from specrl.draft.eagle3 import Eagle3Head
 from specrl.draft.offline import capture, evaluate_head, train_head
@@ -94,17 +95,36 @@ def heldout_agreement(
 
 def init_draft(cfg: DraftInitConfig, progress: Progress) -> dict:
     """Build the draft; returns what `draft_init.json` records."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(cfg.target))
+    rollouts = sample_rollouts(cfg, tok, progress)
+    pad_id = tok.eos_token_id if tok.eos_token_id is not None else 0
+    return fit_draft(cfg, rollouts, pad_id, progress, started=t0)
+
+
+def fit_draft(
+    cfg: DraftInitConfig,
+    rollouts: Sequence[tuple[list[int], list[int]]],
+    pad_id: int,
+    progress: Progress,
+    *,
+    started: float | None = None,
+) -> dict:
+    """Fit and write the draft from the target's (prompt, completion) rollouts, on this
+    process's GPU when it has one. Apart from sampling so that the fitting runs unchanged
+    where no inference engine does (scripts/gpu_draft_check.py, a Qwen3-8B-shaped target
+    on a GPU machine without vLLM)."""
+    from transformers import AutoModelForCausalLM
 
     from specrl.draft.service import load_head
 
-    t0 = time.perf_counter()
-    target_dir = resolve_model_path(cfg.target)
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    rollouts = sample_rollouts(cfg, tok, progress)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    t0 = time.perf_counter() if started is None else started
+    device = local_device()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
+    target = AutoModelForCausalLM.from_pretrained(resolve_model_path(cfg.target), dtype=dtype)
+    target = target.to(device).eval()
     torch.manual_seed(cfg.seed)
     if cfg.start_from:
         head = load_head(cfg.start_from, cfg.target).to(device)
@@ -112,7 +132,6 @@ def init_draft(cfg: DraftInitConfig, progress: Progress) -> dict:
         aux = cfg.aux_layer_ids or default_aux_layer_ids(target.config.num_hidden_layers)
         head = Eagle3Head.from_target(target, aux)
     aux_ids = head.cfg.aux_layer_ids
-    pad_id = tok.eos_token_id if tok.eos_token_id is not None else 0
     seqs, masks = _sequences(rollouts)
     hold = (seqs[: cfg.holdout], masks[: cfg.holdout])
     train = (seqs[cfg.holdout :], masks[cfg.holdout :])

@@ -58,14 +58,14 @@ def capture(
     batch_size: int = 64,
 ) -> Features:
     """Run the target over `sequences` once, keeping aux hidden states and log-probs (on
-    the target's device)."""
+    the target's device, in float32 as the head trains, whatever the target's dtype)."""
     device = next(target.parameters()).device
     ids, attn, loss = (t.to(device) for t in pad(sequences, loss_masks, pad_id))
     aux_parts, lp_parts = [], []
     for start in range(0, len(ids), batch_size):
         sl = slice(start, start + batch_size)
         out = target(input_ids=ids[sl], attention_mask=attn[sl], output_hidden_states=True)
-        aux_parts.append(gather_aux_hidden_states(out.hidden_states, aux_layer_ids))
+        aux_parts.append(gather_aux_hidden_states(out.hidden_states, aux_layer_ids).float())
         lp_parts.append(torch.log_softmax(out.logits.float(), dim=-1))
     return Features(ids, loss * attn, torch.cat(aux_parts), torch.cat(lp_parts))
 

@@ -3,9 +3,9 @@
 It consumes the trainer's captured batches (`specrl.trainer.capture.Captured`: aux hidden
 states and the target's next-token log-probs from the policy's own logprob pass) and fits
 the head with the same training-time-test step as offline initialization
-(`specrl.draft.eagle3.ttt_update`). Gradient isolation is structural: a batch holds
-detached CPU copies of what the policy computed, and nothing here references the
-policy's parameters.
+(`specrl.draft.eagle3.ttt_update`) on the head's device (a GPU when the draft-trainer
+has one). Gradient isolation is structural: a batch holds detached CPU copies of what the
+policy computed, and nothing here references the policy's parameters.
 
 A bad batch never reaches the weights: a width that does not match the draft (aux
 layers x hidden size, vocabulary), shapes that disagree, non-finite values, or a step
@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -30,6 +31,19 @@ from specrl.trainer.capture import Captured
 
 class DraftInputError(ValueError):
     """A captured batch the draft cannot train on; nothing was changed."""
+
+
+class TrainBatch(NamedTuple):
+    """A checked batch in the layout of `ttt_loss`, on the head's device: position t
+    holds the target's prediction of token t+1; the last position, which predicts
+    nothing, is masked. A top-k capture stays top-k (`target_ids`), never spread over the
+    vocabulary."""
+
+    aux: torch.Tensor  # [B, L, n_aux * H]
+    input_ids: torch.Tensor  # [B, L]
+    target_logprobs: torch.Tensor  # [B, L, V], or [B, L, k] with target_ids
+    loss_mask: torch.Tensor  # [B, L]
+    target_ids: torch.Tensor | None  # [B, L, k] or None
 
 
 @dataclass
@@ -71,26 +85,27 @@ class OnlineDraftTrainer:
         params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
         self.stats = DraftStats()
-        self.holdout: deque[tuple[torch.Tensor, ...]] = deque(maxlen=cfg.holdout_batches)
+        self.holdout: deque[TrainBatch] = deque(maxlen=cfg.holdout_batches)
         self._seen = 0
 
     def submit(self, batch: Captured) -> bool:
         """Train on `batch`, or hold it out for evaluation (returns False then). Raises
         DraftInputError, with the head unchanged, for a batch it cannot use."""
         try:
-            tensors = self._tensors(batch)
+            tb = self._tensors(batch)
         except DraftInputError as e:
             self._refuse(e)
             raise
         self._seen += 1
         if self._seen % self.cfg.holdout_every == 0:
-            self.holdout.append(tensors)
+            self.holdout.append(tb)
             return False
         c = self.cfg
         try:
             loss, _ = ttt_update(
-                self.head, self.opt, *tensors,
-                ttt_steps=c.ttt_steps, decay=c.loss_decay, max_grad_norm=c.max_grad_norm,
+                self.head, self.opt, tb.aux, tb.input_ids, tb.target_logprobs, tb.loss_mask,
+                target_ids=tb.target_ids, ttt_steps=c.ttt_steps, decay=c.loss_decay,
+                max_grad_norm=c.max_grad_norm,
             )  # fmt: skip
         except NonFiniteUpdate as e:
             err = DraftInputError(f"batch of policy v{batch.policy_version} refused: {e}")
@@ -98,7 +113,7 @@ class OnlineDraftTrainer:
             raise err from None
         s = self.stats
         s.steps += 1
-        s.tokens += int(tensors[3].sum())
+        s.tokens += int(tb.loss_mask.sum())
         s.last_loss = loss
         s.policy_version = max(s.policy_version, batch.policy_version)
         return True
@@ -113,10 +128,12 @@ class OnlineDraftTrainer:
         was_training = (head or self.head).training
         head = (head or self.head).eval()
         parts = []
-        for aux, ids, target, mask in self.holdout:
-            logits = head.ttt_forward(aux, ids, self.cfg.ttt_steps)
-            _, stats = ttt_loss(logits, target, mask, decay=self.cfg.loss_decay)
-            parts.append((float(mask.sum()), stats["top1_agreement"]))
+        for tb in self.holdout:
+            logits = head.ttt_forward(tb.aux, tb.input_ids, self.cfg.ttt_steps)
+            _, stats = ttt_loss(
+                logits, tb.target_logprobs, tb.loss_mask, target_ids=tb.target_ids, decay=self.cfg.loss_decay
+            )
+            parts.append((float(tb.loss_mask.sum()), stats["top1_agreement"]))
         head.train(was_training)
         return pooled_agreement(parts)
 
@@ -124,12 +141,11 @@ class OnlineDraftTrainer:
         self.stats.refused += 1
         self.stats.last_error = str(e)
 
-    def _tensors(self, b: Captured) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(aux, input_ids, target log-probs [B, L, V], loss mask [B, L]) in the layout of
-        `ttt_loss` (position t holds the target's prediction of token t+1; the last
-        position, which predicts nothing, is masked), after checking the batch."""
+    def _tensors(self, b: Captured) -> TrainBatch:
+        """The batch on the head's device, after checking it."""
         cfg = self.head.cfg
-        ids, aux, lp = b.input_ids, b.aux, b.target_logprobs
+        dev = self.head.fc.weight.device
+        ids, aux, lp = b.input_ids.to(dev), b.aux.to(dev), b.target_logprobs.to(dev)
         if ids.dim() != 2:
             raise DraftInputError(f"input_ids must be [batch, length], got {tuple(ids.shape)}")
         n, length = ids.shape
@@ -155,18 +171,20 @@ class OnlineDraftTrainer:
             raise DraftInputError("aux hidden states hold NaN or inf")
         if bool(torch.isnan(lp).any()) or bool((lp > 1e-4).any()):
             raise DraftInputError("target log-probs hold NaN or positive values")
-        full = torch.full((n, length, cfg.vocab_size), -1e30, dtype=torch.float32)
+        top = None
         if b.target_ids is None:
             if lp.shape[-1] != cfg.vocab_size:
                 raise DraftInputError(
                     f"target distribution over {lp.shape[-1]} tokens; "
                     f"the draft's vocabulary is {cfg.vocab_size}"
                 )
-            full[:, :-1] = lp.float()
-        else:  # top-k: the tokens outside it get probability 0
-            if b.target_ids.shape != lp.shape or bool((b.target_ids >= cfg.vocab_size).any()):
+        else:  # top-k: the tokens outside it have probability 0
+            top = b.target_ids.to(dev).long()
+            if top.shape != lp.shape or bool((top < 0).any()) or bool((top >= cfg.vocab_size).any()):
                 raise DraftInputError("top-k target ids do not match their log-probs or the vocabulary")
-            full[:, :-1].scatter_(-1, b.target_ids.long(), lp.float())
-        mask = torch.zeros((n, length), dtype=torch.float32)
-        mask[:, :-1] = b.loss_mask.float() * b.attention_mask[:, 1:].float()
-        return aux.float(), ids.long(), full, mask
+            top = torch.cat([top, top.new_zeros((n, 1, top.shape[-1]))], dim=1)
+        # the last position predicts nothing: probability 0 everywhere, and masked
+        target = torch.cat([lp.float(), lp.new_full((n, 1, lp.shape[-1]), -1e30, dtype=torch.float32)], dim=1)
+        mask = torch.zeros((n, length), dtype=torch.float32, device=dev)
+        mask[:, :-1] = b.loss_mask.to(dev).float() * b.attention_mask.to(dev)[:, 1:].float()
+        return TrainBatch(aux.float(), ids.long(), target, mask, top)

@@ -32,6 +32,7 @@ import grpc
 import torch
 
 from specrl.config import DraftTrainerServerConfig, resolve_model_path
+from specrl.devices import local_device
 from specrl.draft.eagle3 import Eagle3Config, Eagle3Head
 from specrl.draft.online import DraftInputError, OnlineDraftTrainer, acceptance_length
 from specrl.metrics import DraftMetrics, WeightSenderMetrics
@@ -119,11 +120,14 @@ class DraftTrainerCore:
         self.trainer = TrainerClient(cfg.trainer, timeout=60)
         self.target = cfg.target or self._trainer_model()
         resumed = self._saved()
-        head = load_head(cfg.save_dir if resumed else cfg.draft, self.target)
+        self.device = local_device()
+        head = load_head(cfg.save_dir if resumed else cfg.draft, self.target).to(self.device)
         self._scratch = copy.deepcopy(head).eval()  # holds the published draft for comparison
         self.online = OnlineDraftTrainer(head, cfg.training)
         self.published = Published(state=self._snapshot())
-        self.sender = WeightSender(cfg.weight_sync, eagle3_draft=True, metrics=sender_metrics)
+        self.sender = WeightSender(
+            cfg.weight_sync, eagle3_draft=True, metrics=sender_metrics, device=self.device
+        )
         if resumed:  # the replicas may serve it already; joining ones are caught up to it
             pub = self.published
             pub.version, pub.policy_version = resumed["version"], resumed["policy_version"]
@@ -140,8 +144,8 @@ class DraftTrainerCore:
         self._stream: CaptureStream | None = None
         self._thread = threading.Thread(target=self._consume, name="specrl-draft-consume", daemon=True)
         log.info(
-            "draft-trainer: draft %s on target %s (aux layers %s), trainer %s",
-            cfg.draft, self.target, list(head.cfg.aux_layer_ids), cfg.trainer,
+            "draft-trainer: draft %s on target %s (aux layers %s) on %s, trainer %s",
+            cfg.draft, self.target, list(head.cfg.aux_layer_ids), self.device, cfg.trainer,
         )  # fmt: skip
 
     def _trainer_model(self) -> str:

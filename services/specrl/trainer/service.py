@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from specrl.config import TrainerConfig, WeightSenderConfig
+from specrl.devices import local_device
 from specrl.metrics import TrainerMetrics, WeightSenderMetrics
 from specrl.trainer import checkpoint
 from specrl.trainer.batch import BatchError, Rollout, collate, validate
@@ -74,7 +75,7 @@ class TrainerCore:
         sender_metrics: WeightSenderMetrics | None = None,
     ) -> None:
         self.cfg = cfg
-        self.policy = Policy(cfg, device=_device())
+        self.policy = Policy(cfg, device=local_device())
         self.metrics = metrics
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.weight_sync = weight_sync or WeightSenderConfig()
@@ -222,14 +223,6 @@ class TrainerCore:
         if self.policy.capturer is not None:
             r.capture_queue.set(self.policy.capturer.queue.qsize())
             r.capture_dropped.set(self.policy.capturer.queue.dropped)
-
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")
 
 
 def init_distributed() -> None:
