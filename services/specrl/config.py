@@ -66,10 +66,15 @@ class AdaptiveSpeculationConfig(StrictModel):
     # ar_margin is not turned off by one probe's noise (the probe compares two engines
     # by the same cycle time, not biased between them: docs/draft.md)
     keep_margin: float = Field(1.05, ge=1.0, le=3.0)
-    # acceptance per draft position is estimated over this many recent drafts there; the
-    # largest k is run until a quarter as many were verified at its last position, by any
-    # batch range (for at most refresh_steps / 8 steps)
-    acceptance_window: int = Field(256, ge=8)
+    # acceptance per draft position is estimated over this many recent drafts there: many
+    # requests, since acceptance differs from prompt to prompt and a short window chases
+    # it (docs/benchmarks.md "Acceptance that differs by prompt")
+    acceptance_window: int = Field(4096, ge=8)
+    # drafts verified at the last position, by any batch range, before a range leaves its
+    # largest-k anchor (for at most refresh_steps / 8 steps); and at the second position
+    # before speculation measured afresh from its cheap end is judged
+    deep_drafts: int = Field(64, ge=1)
+    cheap_drafts: int = Field(32, ge=1)
     # each consecutive decision for off (speculation measured afresh and losing again)
     # doubles the next off period, up to this many refresh periods
     off_backoff_max: int = Field(8, ge=1, le=1024)

@@ -9,6 +9,7 @@ tests/integration/test_rollout_server.py."""
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
@@ -294,7 +295,7 @@ def test_a_losing_draft_is_measured_afresh_from_its_cheap_end():
     assert seen_off and deepest == 2
     # each of the 4 re-measurements (off 1, 2, 4, 8 periods, then the last one's
     # rest) drafts a few dozen steps: anchors and the second position's acceptance
-    assert drafting <= 4 * (2 * CFG.min_samples + CFG.acceptance_window // 8 + 2 * CFG.min_samples)
+    assert drafting <= 4 * (2 * CFG.min_samples + CFG.cheap_drafts + 2 * CFG.min_samples)
     assert tokens / seconds >= 0.99 * ar
 
 
@@ -320,8 +321,8 @@ def test_a_draft_just_above_the_ar_margin_is_not_turned_off_by_noisy_probes():
     """Speculation ~11% faster than the paused engine: a probe that reads it below the 10%
     needed to turn it on must not turn it off (the adapted generic head on the RL-Think
     policy, 1.11-1.16x AR at k=3, was off a quarter of a bench draft run that way).
-    Keeping it takes `keep_margin` (5%); with the full margin it is off over a third of the
-    time and slower."""
+    Keeping it takes `keep_margin` (5%); with the full margin it is off ~a fifth of the
+    time and slower (over a third with the 256-draft acceptance window used before)."""
     params = dict(alpha=0.45, draft_fixed=0.003, per_pos=0.001, k0_overhead=0.003)
     ar = SimEngine(**params).expected_rate(0, 1, paused=True)
     assert 1.10 < max(SimEngine(**params).expected_rate(k, 1) for k in (1, 2, 3)) / ar < 1.12
@@ -331,7 +332,7 @@ def test_a_draft_just_above_the_ar_margin_is_not_turned_off_by_noisy_probes():
         runs = [serve(AdaptiveK(cfg, 3, 128), SimEngine(**params, seed=seed), steps) for seed in range(4)]
         got[keep] = (sum(r[1] for r in runs) / (4 * steps), sum(r[0] for r in runs) / (4 * ar))
     (off, rate), (off_full, rate_full) = got[CFG.keep_margin], got[CFG.ar_margin]
-    assert off < 0.1 < 0.3 < off_full, got
+    assert off < 0.1 < 0.15 < off_full, got
     assert rate > 1.09 and rate > rate_full, got
 
 
@@ -372,3 +373,40 @@ def test_a_range_renews_its_anchors_every_renew_periods_probe_periods():
     every_period, every_fourth = anchors_and_probes(1), anchors_and_probes(4)
     assert every_period[0] >= 6 and every_fourth[0] <= 3
     assert every_period[1] == every_fourth[1] >= 6
+
+
+class PromptMixEngine(SimEngine):
+    """Acceptance that differs by prompt: each request (c=1, `length` steps) draws its
+    `alpha` from `alphas`, as real prompts range from predictable to hard."""
+
+    def __init__(self, *, alphas: tuple[float, ...], length: int, seed: int, **params) -> None:
+        super().__init__(alpha=alphas[0], seed=seed, **params)
+        self.alphas, self.length, self.n, self.mix = alphas, length, 0, random.Random(seed + 1000)
+
+    def step(self, k: int, batch: int, paused: bool = False) -> tuple[EngineStep, int]:
+        if self.n % self.length == 0:
+            self.alpha = self.mix.choice(self.alphas)
+        self.n += 1
+        return super().step(k, batch, paused)
+
+    def mixed_rate(self, k: int) -> float:
+        """Expected tokens/s at a fixed k (requests are equally long in steps)."""
+        tokens = statistics.fmean(1 + sum(a**i for i in range(1, k + 1)) for a in self.alphas)
+        return tokens / self.cost(k, 1)
+
+
+def test_acceptance_that_differs_by_prompt_is_pooled_over_many_requests():
+    """Hard and easy prompts alternate (acceptance 0.3 / 0.9, 80 steps each): the best fixed
+    k is the largest. A window of a few requests (256 drafts, the default before) chases
+    each prompt, switching k and turning speculation off on a run of hard prompts (~0.8x
+    the best fixed k); pooled over 4096 drafts the controller stays near it."""
+    params = dict(alphas=(0.3, 0.9), length=80, draft_fixed=0.002, per_pos=0.0015, k0_overhead=0.006)
+    best = max(PromptMixEngine(seed=0, **params).mixed_rate(k) for k in range(8))
+    got = {}
+    for window in (CFG.acceptance_window, 256):
+        cfg = CFG.model_copy(update={"acceptance_window": window})
+        got[window] = statistics.fmean(
+            serve(AdaptiveK(cfg, 7, 64), PromptMixEngine(seed=seed, **params), 30000)[0] / best
+            for seed in range(3)
+        )
+    assert got[CFG.acceptance_window] > 0.94 and got[256] < 0.9, got
