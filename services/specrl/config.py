@@ -744,6 +744,10 @@ class DraftInitConfig(StrictModel):
     start_from: str | None = None
     # Fresh heads only; None: the default for the target's depth.
     aux_layer_ids: tuple[int, ...] | None = None
+    # Fresh heads only: propose only the this-many target tokens most frequent in the
+    # rollouts (EAGLE-3's smaller output layer for large vocabularies, e.g. 32000 of
+    # Qwen3's 151936); None: every target token.
+    draft_vocab_size: int | None = Field(None, ge=1)
     steps: int = Field(300, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(1e-3, gt=0)
@@ -762,6 +766,8 @@ class DraftInitConfig(StrictModel):
             raise ValueError(f"holdout ({self.holdout}) leaves no rollout to train on")
         if self.start_from and self.aux_layer_ids:
             raise ValueError("aux_layer_ids is the start_from draft's; give one or the other")
+        if self.start_from and self.draft_vocab_size:
+            raise ValueError("draft_vocab_size is the start_from draft's; give one or the other")
         if self.rollout.speculation.enabled:
             raise ValueError("rollout.speculation: the target's rollouts are sampled without speculation")
         return self

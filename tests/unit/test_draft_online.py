@@ -18,24 +18,37 @@ from specrl.trainer.capture import Captured
 V, H, AUX = 12, 16, (2, 3, 4)
 
 
-def _head(seed: int = 0) -> Eagle3Head:
+# the rule's two cycles 0 -> 3 -> 6 -> 9 and 1 -> 8 -> 7 -> 2 (the third, 4 -> 11 -> 10 -> 5, left out)
+TWO_CYCLES = torch.tensor([0, 1, 2, 3, 6, 7, 8, 9])
+
+
+def _head(seed: int = 0, draft_ids: torch.Tensor | None = None) -> Eagle3Head:
     cfg = Eagle3Config(
         hidden_size=H, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
         vocab_size=V, aux_layer_ids=AUX, target_num_layers=7,
+        draft_vocab_size=None if draft_ids is None else len(draft_ids),
     )  # fmt: skip
     g = torch.Generator().manual_seed(seed)
-    return Eagle3Head(cfg, torch.randn(V, H, generator=g))
+    return Eagle3Head(cfg, torch.randn(V, H, generator=g), draft_ids)
 
 
 def _rule(x: torch.Tensor) -> torch.Tensor:
     return (5 * x + 3) % V
 
 
-def _batch(g: torch.Generator, n: int = 16, length: int = 10, topk: int | None = None) -> Captured:
-    """Sequences that follow the target's rule, with its peaked distribution (0.9 on
-    the rule's token) as the target log-probs; aux states are noise."""
+def _batch(
+    g: torch.Generator,
+    n: int = 16,
+    length: int = 10,
+    topk: int | None = None,
+    starts: torch.Tensor | None = None,
+) -> Captured:
+    """Sequences that follow the target's rule from `starts` (all tokens by default), with
+    its peaked distribution (0.9 on the rule's token) as the target log-probs; aux states
+    are noise."""
     ids = torch.empty((n, length), dtype=torch.long)
-    ids[:, 0] = torch.randint(0, V, (n,), generator=g)
+    pool = torch.arange(V) if starts is None else starts
+    ids[:, 0] = pool[torch.randint(0, len(pool), (n,), generator=g)]
     for t in range(1, length):
         ids[:, t] = _rule(ids[:, t - 1])
     probs = torch.full((n, length - 1, V), 0.1 / (V - 1))
@@ -59,15 +72,18 @@ def _state(head: Eagle3Head) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in head.state_dict().items()}
 
 
+@pytest.mark.parametrize("draft_ids", [None, TWO_CYCLES], ids=["full vocabulary", "draft vocabulary"])
 @pytest.mark.parametrize("topk", [None, 3])
-def test_online_training_learns_the_targets_rule_and_holds_batches_out(topk):
+def test_online_training_learns_the_targets_rule_and_holds_batches_out(topk, draft_ids):
+    """With a smaller draft vocabulary (8 of 12 tokens) on text that stays within it."""
     g = torch.Generator().manual_seed(0)
-    trainer = OnlineDraftTrainer(_head(), DraftTrainingConfig(lr=3e-3, holdout_every=5, ttt_steps=3))
-    trained = [trainer.submit(_batch(g, topk=topk)) for _ in range(5)]
+    cfg = DraftTrainingConfig(lr=3e-3, holdout_every=5, ttt_steps=3)
+    trainer = OnlineDraftTrainer(_head(draft_ids=draft_ids), cfg)
+    trained = [trainer.submit(_batch(g, topk=topk, starts=draft_ids)) for _ in range(5)]
     assert trained == [True] * 4 + [False], "every 5th batch is held out"
     before = trainer.evaluate()
     for _ in range(120):
-        trainer.submit(_batch(g, topk=topk))
+        trainer.submit(_batch(g, topk=topk, starts=draft_ids))
     after = trainer.evaluate()
     assert len(after) == 3 and trainer.stats.steps == 100 and trainer.stats.policy_version == 3
     assert trainer.stats.tokens == 100 * 16 * 9 and math.isfinite(trainer.stats.last_loss)

@@ -192,3 +192,85 @@ def test_a_head_fitted_on_a_bf16_target_trains_in_float32(tmp_path):
     feats = capture(target, [[1, 2, 3, 4, 5, 6]], [[0, 0, 1, 1, 1, 0]], head.cfg.aux_layer_ids, pad_id=0)
     assert feats.aux.dtype == feats.target_logprobs.dtype == torch.float32
     assert len(evaluate_head(head, feats, 3)) == 3
+
+
+SMALL = Eagle3Config(**{**CFG.__dict__, "draft_vocab_size": 8})
+KEPT = torch.tensor([0, 2, 3, 7, 11, 12, 15, 19])  # target ids of the 8 draft tokens
+
+
+def test_a_smaller_draft_vocabulary_round_trips_in_the_layout_vllm_loads(tmp_path):
+    """EAGLE-3's layout (vLLM's llama_eagle3): lm_head over the draft tokens, `d2t` the
+    offset to each one's target id, `t2d` the mask of kept target tokens."""
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    head = Eagle3Head(SMALL, torch.randn(CFG.vocab_size, CFG.hidden_size), KEPT)
+    assert head.lm_head.weight.shape == (8, CFG.hidden_size)
+    head.save(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 8 and cfg["vocab_size"] == CFG.vocab_size
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert torch.equal(torch.arange(8) + saved["d2t"], KEPT)
+    assert saved["t2d"].dtype == torch.bool and torch.equal(saved["t2d"].nonzero().flatten(), KEPT)
+    back = Eagle3Head.load(tmp_path, head.embed.weight)
+    ids, t2d = back.vocab_map()
+    assert torch.equal(ids, KEPT) and torch.equal(t2d[KEPT], torch.arange(8)) and int((t2d >= 0).sum()) == 8
+    assert torch.equal(back.lm_head.weight, head.lm_head.weight)
+
+
+def test_a_draft_vocabulary_must_be_distinct_ascending_target_ids(tmp_path):
+    embed = torch.randn(CFG.vocab_size, CFG.hidden_size)
+    for bad in (KEPT.flip(0), torch.tensor([0, 0, 3, 7, 11, 12, 15, 19]), KEPT[:7], KEPT + 1):
+        with pytest.raises(ValueError, match="distinct ascending"):
+            Eagle3Head(SMALL, embed, bad)
+    Eagle3Head(SMALL, embed, KEPT).save(tmp_path)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state["d2t"] = torch.zeros(8, dtype=torch.long)  # every draft token mapped to target 0..7: fine
+    save_file(state, str(tmp_path / "model.safetensors"))
+    Eagle3Head.load(tmp_path, embed)
+    state["d2t"][3] = -3  # draft 3 -> target 0, twice
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="distinct ascending"):
+        Eagle3Head.load(tmp_path, embed)
+
+
+def test_ttt_loss_with_a_draft_vocabulary_scores_the_target_restricted_to_it():
+    """The target's probabilities of the kept tokens are what the draft is fitted to (not
+    renormalized: a position weighs the mass the draft can match); dense and top-k targets
+    agree; a position whose target argmax is not a draft token never counts as agreement."""
+    torch.manual_seed(2)
+    B, T, V = 2, 6, CFG.vocab_size
+    head = Eagle3Head(SMALL, torch.randn(V, CFG.hidden_size), KEPT)
+    vocab = head.vocab_map()
+    dense = F.log_softmax(3 * torch.randn(B, T, V), -1)
+    dense[0, 2, 1] = 5.0  # position 2 of row 0: the argmax is token 1, not a draft token
+    dense = F.log_softmax(dense, -1)
+    mask = torch.ones(B, T)
+    logits = [torch.randn(B, T, 8, requires_grad=True)]
+    loss, stats = ttt_loss(logits, dense, mask, vocab=vocab, decay=1.0)
+    want = dense[:, 1:, KEPT]
+    pred = F.log_softmax(logits[0][:, : T - 1], -1)
+    assert torch.allclose(loss, -(want.exp() * pred).sum(-1).mean(), rtol=1e-6)
+    agree = KEPT[pred.argmax(-1)] == dense[:, 1:].argmax(-1)
+    assert stats["top1_agreement"][0] == pytest.approx(float(agree.float().mean()))
+    # top-k that holds every kept token: the same loss and agreement as the dense target
+    lp, ids = dense.topk(V, dim=-1)
+    loss_k, stats_k = ttt_loss(logits, lp, mask, target_ids=ids, vocab=vocab, decay=1.0)
+    assert torch.allclose(loss_k, loss, rtol=1e-5) and stats_k == stats
+    # the target argmax outside the draft vocabulary: never agreement, whatever the draft says
+    only = torch.zeros(B, T)
+    only[0, 2] = 1  # the loss mask is indexed by target position: dense[0, 2] alone
+    for d in range(8):
+        forced = torch.full((B, T, 8), -10.0)
+        forced[..., d] = 10.0
+        assert ttt_loss([forced], dense, only, vocab=vocab)[1]["top1_agreement"] == [0.0]
+
+
+def test_frequent_tokens_keep_the_most_used_ids_ascending():
+    from specrl.draft.offline import frequent_tokens
+
+    seqs = [[5, 5, 5, 2, 9], [9, 9, 1, 5], [7]]
+    assert frequent_tokens(seqs, 12, 3).tolist() == [1, 5, 9]  # 5, 9 (4, 3 times), then 1 (ties: lower id)
+    assert frequent_tokens(seqs, 12, 7).tolist() == [0, 1, 2, 3, 5, 7, 9]  # unseen ids fill from the lowest

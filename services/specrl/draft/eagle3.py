@@ -46,11 +46,21 @@ class Eagle3Config:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
+    # The tokens the head proposes, when fewer than the target's (EAGLE-3 heads published
+    # for large vocabularies keep e.g. 32k of Qwen3's 152k: a smaller output layer); None:
+    # all of them.
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         validate_aux_layer_ids(self.aux_layer_ids, self.target_num_layers)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if not 1 <= self.draft_vocab <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} is not in 1..{self.vocab_size}")
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.draft_vocab_size or self.vocab_size
 
     def to_hf_config(self) -> dict:
         """config.json as vLLM's EAGLE-3 loader reads it (a Llama config, one layer)."""
@@ -69,7 +79,7 @@ class Eagle3Config:
             "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
             "max_position_embeddings": self.max_position_embeddings,
             "vocab_size": self.vocab_size,
-            "draft_vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab,
             "target_hidden_size": self.hidden_size,
             "tie_word_embeddings": False,
             "attention_bias": False,
@@ -83,8 +93,7 @@ class Eagle3Config:
     def from_hf_config(cls, cfg: dict) -> Eagle3Config:
         if ARCHITECTURE not in cfg.get("architectures", []):
             raise ValueError(f"not an EAGLE-3 draft config: architectures={cfg.get('architectures')}")
-        if cfg.get("draft_vocab_size", cfg["vocab_size"]) != cfg["vocab_size"]:
-            raise ValueError("draft vocabularies smaller than the target's are not supported yet")
+        draft_vocab = cfg.get("draft_vocab_size") or cfg["vocab_size"]
         return cls(
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
@@ -99,10 +108,13 @@ class Eagle3Config:
             rms_norm_eps=cfg["rms_norm_eps"],
             rope_theta=cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta", 1e4)),
             max_position_embeddings=cfg["max_position_embeddings"],
+            draft_vocab_size=draft_vocab if draft_vocab != cfg["vocab_size"] else None,
         )
 
     @classmethod
-    def for_target(cls, target_config: object, aux_layer_ids: Sequence[int]) -> Eagle3Config:
+    def for_target(
+        cls, target_config: object, aux_layer_ids: Sequence[int], draft_vocab_size: int | None = None
+    ) -> Eagle3Config:
         """A head as wide as the target (EAGLE-3 requires equal hidden sizes)."""
         tc = target_config
         rope = getattr(tc, "rope_parameters", None) or {}
@@ -118,6 +130,7 @@ class Eagle3Config:
             rms_norm_eps=tc.rms_norm_eps,
             rope_theta=float(rope.get("rope_theta", getattr(tc, "rope_theta", 1e4))),
             max_position_embeddings=tc.max_position_embeddings,
+            draft_vocab_size=draft_vocab_size if draft_vocab_size != tc.vocab_size else None,
         )
 
 
@@ -206,9 +219,18 @@ class _MidLayer(nn.Module):
 
 class Eagle3Head(nn.Module):
     """EAGLE-3 head. The token embedding is the target's, frozen and never saved
-    (vLLM shares the target's embedding when the checkpoint has none)."""
+    (vLLM shares the target's embedding when the checkpoint has none).
 
-    def __init__(self, cfg: Eagle3Config, embed_weight: torch.Tensor) -> None:
+    With a draft vocabulary smaller than the target's, the output layer covers those
+    tokens only and `d2t` maps them to the target's (target id = draft id + d2t[draft id],
+    EAGLE-3's layout, which vLLM loads as `draft_id_to_target_id`); training scores the
+    target's distribution restricted to them (`vocab_map`)."""
+
+    def __init__(
+        self, cfg: Eagle3Config, embed_weight: torch.Tensor, draft_ids: torch.Tensor | None = None
+    ) -> None:
+        """`draft_ids`: the target ids of a smaller draft vocabulary, ascending (loaded
+        from a checkpoint's `d2t` when not given)."""
         super().__init__()
         self.cfg = cfg
         h = cfg.hidden_size
@@ -218,7 +240,21 @@ class Eagle3Head(nn.Module):
         self.fc = nn.Linear(len(cfg.aux_layer_ids) * h, h, bias=False)
         self.midlayer = _MidLayer(cfg)
         self.norm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(h, cfg.draft_vocab, bias=False)
+        if cfg.draft_vocab != cfg.vocab_size:
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab, dtype=torch.long))
+            if draft_ids is not None:
+                self.d2t.copy_(_checked_draft_ids(draft_ids, cfg) - torch.arange(cfg.draft_vocab))
+
+    def vocab_map(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """With a smaller draft vocabulary: (the target id of each draft id, the draft id
+        of each target id or -1); None when the head proposes every target token."""
+        if self.cfg.draft_vocab == self.cfg.vocab_size:
+            return None
+        ids = torch.arange(self.cfg.draft_vocab, device=self.d2t.device) + self.d2t
+        t2d = torch.full((self.cfg.vocab_size,), -1, dtype=torch.long, device=ids.device)
+        t2d[ids] = torch.arange(self.cfg.draft_vocab, device=ids.device)
+        return ids, t2d
 
     def ttt_forward(
         self,
@@ -257,12 +293,17 @@ class Eagle3Head(nn.Module):
 
     @classmethod
     @torch.no_grad()
-    def from_target(cls, target: nn.Module, aux_layer_ids: Sequence[int]) -> Eagle3Head:
+    def from_target(
+        cls, target: nn.Module, aux_layer_ids: Sequence[int], draft_ids: torch.Tensor | None = None
+    ) -> Eagle3Head:
         """A fresh head shaped after a HF causal LM `target`, its final norm and output
-        layer copied from the target's (EAGLE-3's initialization)."""
+        layer copied from the target's (EAGLE-3's initialization); `draft_ids`: a smaller
+        draft vocabulary (the target ids it keeps)."""
         embed = target.get_input_embeddings().weight
-        head = cls(Eagle3Config.for_target(target.config, aux_layer_ids), embed)
-        head.lm_head.weight.copy_(target.get_output_embeddings().weight)
+        size = None if draft_ids is None else len(draft_ids)
+        head = cls(Eagle3Config.for_target(target.config, aux_layer_ids, size), embed, draft_ids)
+        out = target.get_output_embeddings().weight
+        head.lm_head.weight.copy_(out if draft_ids is None else out[draft_ids.to(out.device)])
         head.norm.weight.copy_(target.model.norm.weight)
         return head.to(embed.device)
 
@@ -273,6 +314,8 @@ class Eagle3Head(nn.Module):
         out_dir.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         state.pop("embed.weight")
+        if (vocab := self.vocab_map()) is not None:  # EAGLE-3's mask of kept target tokens
+            state["t2d"] = (vocab[1] >= 0).cpu()
         save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
         (out_dir / "config.json").write_text(json.dumps(self.cfg.to_hf_config(), indent=2))
 
@@ -282,10 +325,27 @@ class Eagle3Head(nn.Module):
 
         cfg = Eagle3Config.from_hf_config(json.loads((path / "config.json").read_text()))
         head = cls(cfg, embed_weight)
-        missing, unexpected = head.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+        state = load_file(str(path / "model.safetensors"))
+        state.pop("t2d", None)  # implied by d2t
+        missing, unexpected = head.load_state_dict(state, strict=False)
         if unexpected or set(missing) != {"embed.weight"}:
             raise ValueError(f"bad EAGLE-3 checkpoint {path}: missing={missing} unexpected={unexpected}")
+        if (vocab := head.vocab_map()) is not None:
+            _checked_draft_ids(vocab[0], cfg)
         return head
+
+
+def _checked_draft_ids(ids: torch.Tensor, cfg: Eagle3Config) -> torch.Tensor:
+    """`ids` if they can be a draft vocabulary of `cfg`: draft_vocab distinct target ids,
+    ascending (so that d2t's offsets are as EAGLE-3 writes them)."""
+    ids = ids.long().cpu()
+    ok = ids.shape == (cfg.draft_vocab,) and bool((ids[1:] > ids[:-1]).all())
+    if not ok or int(ids[0]) < 0 or int(ids[-1]) >= cfg.vocab_size:
+        raise ValueError(
+            f"a draft vocabulary must be {cfg.draft_vocab} distinct ascending target ids "
+            f"in 0..{cfg.vocab_size - 1}"
+        )
+    return ids
 
 
 def ttt_loss(
@@ -294,6 +354,7 @@ def ttt_loss(
     loss_mask: torch.Tensor,  # [B, T] 1 where the target predicts a token we care about
     *,
     target_ids: torch.Tensor | None = None,  # [B, T, k]: the tokens of top-k log-probs
+    vocab: tuple[torch.Tensor, torch.Tensor] | None = None,  # Eagle3Head.vocab_map()
     decay: float = 0.8,
 ) -> tuple[torch.Tensor, dict[str, list[float]]]:
     """Soft cross-entropy to the target distribution, summed over TTT steps with weight
@@ -302,6 +363,12 @@ def ttt_loss(
     A top-k target (`target_ids` given) is scored where it is, without spreading it over
     the vocabulary: the same loss as a dense distribution with zero mass outside the
     top-k, at k/V of the memory (a Qwen3-8B distribution is 150k floats per token).
+
+    A head with a smaller draft vocabulary (`vocab`) is scored against the target's
+    probabilities of those tokens: the same optimum at each position as the target
+    renormalized over them, each position weighted by the mass the draft can match. A
+    position whose target argmax lies outside counts as a disagreement (the draft cannot
+    propose it).
 
     Returns the loss and per-step top-1 agreement with the target's argmax, the
     statistic that tracks greedy acceptance of that draft position.
@@ -316,17 +383,32 @@ def ttt_loss(
         tgt = target_logprobs[:, shift:]
         mask = loss_mask[:, shift:].to(lg.dtype)
         pred = F.log_softmax(lg[:, : t - shift], dim=-1)
-        if target_ids is None:
-            ce, want = -(tgt.exp() * pred).sum(-1), tgt.argmax(-1)
-        else:
-            ids = target_ids[:, shift:]
-            ce = -(tgt.exp() * pred.gather(-1, ids)).sum(-1)
-            want = ids.gather(-1, tgt.argmax(-1, keepdim=True)).squeeze(-1)
+        ids = None if target_ids is None else target_ids[:, shift:]
+        want = tgt.argmax(-1) if ids is None else ids.gather(-1, tgt.argmax(-1, keepdim=True)).squeeze(-1)
+        if vocab is not None:
+            tgt, ids, want = _in_draft_vocab(tgt, ids, want, *vocab)
+        ce = -(tgt.exp() * (pred if ids is None else pred.gather(-1, ids))).sum(-1)
         denom = mask.sum().clamp_min(1.0)
         total = total + decay**j * (ce * mask).sum() / denom
         agree = (pred.argmax(-1) == want).to(lg.dtype)
         agreement.append(float((agree * mask).sum() / denom))
     return total, {"top1_agreement": agreement}
+
+
+def _in_draft_vocab(
+    tgt: torch.Tensor,
+    ids: torch.Tensor | None,
+    want: torch.Tensor,
+    draft_ids: torch.Tensor,
+    t2d: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The target (dense over the target vocabulary, or top-k at target `ids`) restricted
+    to the draft vocabulary, in draft ids; the target's argmax `want` as a draft id, -1
+    where the draft vocabulary lacks it."""
+    if ids is None:
+        return tgt[..., draft_ids], None, t2d[want]
+    d = t2d[ids]
+    return tgt.masked_fill(d < 0, float("-inf")), d.clamp_min(0), t2d[want]
 
 
 class NonFiniteUpdate(ValueError):
@@ -350,7 +432,9 @@ def ttt_update(
     it). A non-finite loss or gradient never reaches the weights or the optimizer state:
     the gradient is dropped and NonFiniteUpdate raised."""
     logits = head.ttt_forward(aux, input_ids, ttt_steps)
-    loss, stats = ttt_loss(logits, target_logprobs, loss_mask, target_ids=target_ids, decay=decay)
+    loss, stats = ttt_loss(
+        logits, target_logprobs, loss_mask, target_ids=target_ids, vocab=head.vocab_map(), decay=decay
+    )
     params = [p for p in head.parameters() if p.requires_grad]
     if not torch.isfinite(loss):
         opt.zero_grad(set_to_none=True)

@@ -26,7 +26,7 @@ from specrl.config import DraftInitConfig, resolve_model_path
 from specrl.devices import local_device
 from specrl.draft.aux_layers import default_aux_layer_ids
 from specrl.draft.eagle3 import Eagle3Head
-from specrl.draft.offline import capture, evaluate_head, train_head
+from specrl.draft.offline import capture, evaluate_head, frequent_tokens, train_head
 from specrl.draft.online import acceptance_length, pooled_agreement
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -93,11 +93,26 @@ def heldout_agreement(
     return pooled_agreement(parts)
 
 
+def check_draft(cfg: DraftInitConfig) -> None:
+    """Refuse, before any sampling, a `start_from` draft that does not fit the target or a
+    draft vocabulary larger than the target's (DraftConfigError)."""
+    from transformers import AutoConfig
+
+    from specrl.draft.service import DraftConfigError, load_head
+
+    if cfg.start_from:
+        load_head(cfg.start_from, cfg.target)
+    vocab = AutoConfig.from_pretrained(resolve_model_path(cfg.target)).vocab_size
+    if cfg.draft_vocab_size and cfg.draft_vocab_size > vocab:
+        raise DraftConfigError(f"draft_vocab_size {cfg.draft_vocab_size} exceeds the target's {vocab} tokens")
+
+
 def init_draft(cfg: DraftInitConfig, progress: Progress) -> dict:
     """Build the draft; returns what `draft_init.json` records."""
     from transformers import AutoTokenizer
 
     t0 = time.perf_counter()
+    check_draft(cfg)
     tok = AutoTokenizer.from_pretrained(resolve_model_path(cfg.target))
     rollouts = sample_rollouts(cfg, tok, progress)
     pad_id = tok.eos_token_id if tok.eos_token_id is not None else 0
@@ -130,7 +145,11 @@ def fit_draft(
         head = load_head(cfg.start_from, cfg.target).to(device)
     else:
         aux = cfg.aux_layer_ids or default_aux_layer_ids(target.config.num_hidden_layers)
-        head = Eagle3Head.from_target(target, aux)
+        vocab = target.config.vocab_size
+        draft_ids = None
+        if cfg.draft_vocab_size and cfg.draft_vocab_size < vocab:
+            draft_ids = frequent_tokens([p + c for p, c in rollouts], vocab, cfg.draft_vocab_size)
+        head = Eagle3Head.from_target(target, aux, draft_ids)
     aux_ids = head.cfg.aux_layer_ids
     seqs, masks = _sequences(rollouts)
     hold = (seqs[: cfg.holdout], masks[: cfg.holdout])
@@ -159,6 +178,7 @@ def fit_draft(
         "target": cfg.target,
         "start_from": cfg.start_from,
         "aux_layer_ids": list(aux_ids),
+        "draft_vocab_size": head.cfg.draft_vocab,
         "rollouts": len(rollouts),
         "heldout_rollouts": len(hold[0]),
         "steps": cfg.steps,

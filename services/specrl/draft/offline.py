@@ -106,9 +106,20 @@ def train_head(
     return stats
 
 
+def frequent_tokens(sequences: Sequence[Sequence[int]], vocab_size: int, n: int) -> torch.Tensor:
+    """The `n` token ids most frequent in `sequences` (ties to the lower id; ids never seen
+    fill up from the lowest), ascending: a draft vocabulary, as EAGLE-3 picks it from its
+    training data."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for seq in sequences:
+        counts += torch.bincount(torch.tensor(seq, dtype=torch.long), minlength=vocab_size)[:vocab_size]
+    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
+    return torch.tensor(sorted(order[:n]), dtype=torch.long)
+
+
 @torch.no_grad()
 def evaluate_head(head: Eagle3Head, feats: Features, ttt_steps: int) -> list[float]:
     """Top-1 agreement with the target per draft position on held-out features."""
     logits = head.ttt_forward(feats.aux, feats.input_ids, ttt_steps)
-    _, stats = ttt_loss(logits, feats.target_logprobs, feats.loss_mask)
+    _, stats = ttt_loss(logits, feats.target_logprobs, feats.loss_mask, vocab=head.vocab_map())
     return stats["top1_agreement"]

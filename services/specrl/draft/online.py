@@ -131,8 +131,9 @@ class OnlineDraftTrainer:
         for tb in self.holdout:
             logits = head.ttt_forward(tb.aux, tb.input_ids, self.cfg.ttt_steps)
             _, stats = ttt_loss(
-                logits, tb.target_logprobs, tb.loss_mask, target_ids=tb.target_ids, decay=self.cfg.loss_decay
-            )
+                logits, tb.target_logprobs, tb.loss_mask, target_ids=tb.target_ids,
+                vocab=head.vocab_map(), decay=self.cfg.loss_decay,
+            )  # fmt: skip
             parts.append((float(tb.loss_mask.sum()), stats["top1_agreement"]))
         head.train(was_training)
         return pooled_agreement(parts)

@@ -79,7 +79,10 @@ def load_head(draft: str, target: str) -> Eagle3Head:
                 break
     if embed is None:
         raise DraftConfigError(f"target {target}: no embed_tokens.weight in its safetensors")
-    return Eagle3Head.load(ddir, embed)
+    try:
+        return Eagle3Head.load(ddir, embed)
+    except (OSError, ValueError) as e:  # weights missing or misnamed, a bad draft vocabulary
+        raise DraftConfigError(f"draft {draft}: {e}") from None
 
 
 @dataclass
@@ -282,7 +285,8 @@ class DraftTrainerCore:
     def _snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of the head's weights under its own names (the sender translates them)."""
         state = self.online.head.state_dict()
-        return {n: p.detach().clone() for n, p in state.items() if n != "embed.weight"}
+        fixed = ("embed.weight", "d2t")  # the target's embedding; a draft vocabulary's map
+        return {n: p.detach().clone() for n, p in state.items() if n not in fixed}
 
     def _saved(self) -> dict | None:
         """The draft a previous life of this service published last (save_dir)."""
