@@ -110,11 +110,9 @@ def frequent_tokens(sequences: Sequence[Sequence[int]], vocab_size: int, n: int)
     """The `n` token ids most frequent in `sequences` (ties to the lower id; ids never seen
     fill up from the lowest), ascending: a draft vocabulary, as EAGLE-3 picks it from its
     training data."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for seq in sequences:
-        counts += torch.bincount(torch.tensor(seq, dtype=torch.long), minlength=vocab_size)[:vocab_size]
-    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
-    return torch.tensor(sorted(order[:n]), dtype=torch.long)
+    tokens = torch.tensor([t for seq in sequences for t in seq], dtype=torch.long)
+    counts = torch.bincount(tokens, minlength=vocab_size)[:vocab_size]
+    return torch.sort(-counts, stable=True).indices[:n].sort().values
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ medium draft's largest k runs ~15% below its best k until `deep_drafts` are veri
 Acceptance per position is pooled over many requests (`acceptance_window`, 4096 drafts):
 it differs from prompt to prompt, and a window of a few requests made the controller
 chase each prompt's acceptance, switching k and even turning speculation off on a run of
-hard prompts (0.80-0.93x the best fixed k in simulation; 0.94-0.99x with the long window).
+hard prompts (0.80-0.92x the best fixed k in simulation; 0.98-0.99x with the long window).
 
 k=0 in one range while others draft is vLLM's k=0: the drafter still runs every step
 (+24% over an AR engine at batch 1 on the zoo). Only k=0 at every batch size pauses the
