@@ -56,6 +56,13 @@ class AdaptiveSpeculationConfig(StrictModel):
     renew_periods: int = Field(4, ge=1, le=1024)
     # a k replaces the one in force only when measured this much faster
     min_gain: float = Field(1.03, ge=1.0, le=2.0)
+    # the runner-up (the measured k, 0 included, rated next after the k in force) is
+    # measured again, next in time to the k in force, when its measurement is this many
+    # of the range's steps old and its rate within recheck_margin of the k in force: one
+    # measurement taken minutes earlier (the engine warming up, a busy neighbour on the
+    # node) otherwise decides between close ks until the anchors are renewed
+    recheck_steps: int = Field(256, ge=1)
+    recheck_margin: float = Field(1.2, ge=1.0, le=3.0)
     # speculation is kept only when estimated this much faster than AR (a wash goes to
     # AR): the estimate is the engine's own cycle time, which does not see everything
     # (on 2 CPU cores it rated the generic head's k=1 ~10% faster than its k=0 while that

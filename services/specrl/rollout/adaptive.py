@@ -20,6 +20,12 @@ to speculation takes `min_gain` more, so a draft at the margin does not flap). E
 and load change during RL); not more often, since acceptance is tracked all along, the ks
 a range runs are re-measured as it runs them, and re-measuring the anchors costs time (a
 medium draft's largest k runs ~15% below its best k until `deep_drafts` are verified).
+Close ks are compared under the same conditions, though: step costs move by 10% and more
+within minutes (warm-up, the node's other load), so a runner-up within `recheck_margin` of
+the k in force is measured again, next in time to it, once its measurement is
+`recheck_steps` of the range's steps old; a k chosen on one stale measurement (a 10% margin
+decided by a slow minute) otherwise holds until the anchors are renewed. This costs at
+most `min_samples` steps at the runner-up's rate per `recheck_steps` (<1%).
 
 Acceptance per position is pooled over many requests (`acceptance_window`, 4096 drafts):
 it differs from prompt to prompt, and a window of a few requests made the controller
@@ -84,6 +90,7 @@ class _Range:
     last: int
     k: int
     seconds: dict[int, deque[float]] = field(default_factory=dict)  # k -> step seconds
+    measured: dict[int, int] = field(default_factory=dict)  # k -> `steps` at its last step
     batches: deque[int] = field(default_factory=lambda: deque(maxlen=64))
     steps: int = 0
     deep_mark: int = 0  # AdaptiveK.deep_drafts when this range's measurements were renewed
@@ -209,7 +216,7 @@ class AdaptiveK:
             return self._decide()
         if self.mode == OFF and self._mode_steps >= self._off_steps:
             for x in self.ranges:  # speculation is measured afresh (draft and load moved),
-                x.k, x.seconds, x.steps = 1, {}, 0  # from its cheap end
+                x.k, x.seconds, x.measured, x.steps = 1, {}, {}, 0  # from its cheap end
                 x.deep_mark = self.deep_drafts
             self._after_off = True
             self._reset_acceptance()
@@ -258,6 +265,7 @@ class AdaptiveK:
         r.seconds.setdefault(r.k, deque(maxlen=self.cfg.window)).append(step.seconds)
         r.batches.append(step.batch)
         r.steps += 1
+        r.measured[r.k] = r.steps
         if r.k == self.max_k:
             self.deep_drafts += step.batch
         if r.steps % self._renew_steps == 0:
@@ -370,13 +378,28 @@ class AdaptiveK:
         bar = rates[0] * self.cfg.ar_margin * (self.cfg.min_gain if r.k == 0 else 1.0)
         worth = {k: rate for k, rate in rates.items() if k and rate >= bar}
         if not worth:
-            return 0  # no k beats AR by the margin: a wash goes to AR
+            # no k beats AR by the margin: a wash goes to AR
+            return self._recheck(r, costs, rates) if r.k == 0 else 0
         best = max(worth, key=worth.__getitem__)
         if best not in costs:
             return best  # predicted best: measure it
         if r.k in worth and r.k in costs and worth[best] <= worth[r.k] * self.cfg.min_gain:
-            return r.k
+            return self._recheck(r, costs, rates)
         return best
+
+    def _recheck(self, r: _Range, costs: dict[int, float], rates: dict[int, float]) -> int:
+        """The k in force stays, or its runner-up is measured again (see the module
+        docstring): the measured k rated next, when within `recheck_margin` and measured
+        `recheck_steps` ago. Its old steps are dropped, so it is judged on fresh ones."""
+        others = [k for k in costs if k != r.k]
+        if not others:
+            return r.k
+        runner = max(others, key=rates.__getitem__)
+        stale = r.steps - r.measured.get(runner, 0) >= self.cfg.recheck_steps
+        if not stale or rates[runner] * self.cfg.recheck_margin < rates[r.k]:
+            return r.k
+        del r.seconds[runner]
+        return runner
 
 
 def _k_at(schedule: Sequence[tuple[int, int, int]] | None, batch: int, default: int) -> int:
