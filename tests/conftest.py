@@ -140,12 +140,15 @@ def tiny_run_config(tmp_path, **orchestrator) -> dict:
     }
 
 
-def system_run(root, name: str, *, adapt: bool = False, steps: int = 3, compare: tuple[str, ...] = ()):
+def system_run(
+    root, name: str, *, adapt: bool = False, steps: int = 3, compare: tuple[str, ...] = (),
+    draft: str = "zoo:eagle3-generic",
+):  # fmt: skip
     """A short synchronous `specrl run` with EAGLE-3, every service a real process: 16
     prompts x 8 samples per step at lr 3e-5, the same seeds and prompts in every run (and
-    in its comparison runs, `compare`). EAGLE-3 starts from the generic-init draft, frozen
-    or (adapt) adapted online by the draft-trainer on the trainer's captured features.
-    Returns the `RunResult`."""
+    in its comparison runs, `compare`). EAGLE-3 starts from `draft` (the generic-init
+    one), frozen or (adapt) adapted online by the draft-trainer on the trainer's captured
+    features. Returns the `RunResult`."""
     from rich.console import Console
 
     from specrl.config import RunConfig
@@ -158,7 +161,7 @@ def system_run(root, name: str, *, adapt: bool = False, steps: int = 3, compare:
     cfg["compare"] = {"runs": list(compare), "steps": steps}
     trainer = cfg["trainer"]["server"]["trainer"]
     trainer["optim"]["lr"] = 3e-5  # the demo's first steps: little drift in 3 steps
-    cfg["rollout"]["server"]["speculation"]["draft"] = "zoo:eagle3-generic"
+    cfg["rollout"]["server"]["speculation"]["draft"] = draft
     if adapt:
         trainer["capture"] = {"enabled": True}
         training = {"lr": 1e-3, "holdout_every": 5}

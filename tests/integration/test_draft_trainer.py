@@ -59,6 +59,27 @@ def test_online_adaptation_in_the_rl_loop_beats_the_same_draft_frozen(adapted_ru
     assert gain > 0.4, (al_frozen, al_adapted)
 
 
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_a_draft_over_a_smaller_vocabulary_is_adapted_and_published_into_the_engine(servers, tmp_path):
+    """A fresh head over 32 of the zoo's 128 tokens (EAGLE-3's d2t / t2d), barely trained
+    by `specrl draft init`, adapted online in the RL loop: every update reaches the
+    engine, vocabulary map included (the engine's checkpoint has `d2t`; updates without
+    it were refused, so such a draft was never adapted), and the acceptance the engine
+    measures rises."""
+    servers.close()  # two cores: no other engine while it runs
+    draft = tmp_path / "draft"
+    cmd = [sys.executable, "-m", "specrl.cli", "draft", "init", "--target", "zoo:target", "--out", str(draft)]
+    cmd += ["--prompts", "160", "--steps", "4", "--set", "draft_vocab_size=32"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = system_run(tmp_path, "small-vocabulary", adapt=True, draft=str(draft)).records
+    accepted = [round(r["acceptance_length"], 3) for r in records]
+    for r in records[1:]:
+        assert r["draft"]["updated"] and not r["draft"]["held_back"], r["draft"]
+    assert accepted[-1] > accepted[0] + 0.3, accepted
+
+
 def _zoo_rollouts(n: int) -> list[Rollout]:
     """The zoo's own target rollouts as a training batch (rewards alternate)."""
     from transformers import AutoTokenizer

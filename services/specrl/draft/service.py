@@ -283,10 +283,12 @@ class DraftTrainerCore:
         return out
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
-        """A copy of the head's weights under its own names (the sender translates them)."""
+        """A copy of the head's weights under its own names (the sender translates them),
+        without the target's embedding, which the engine shares with the target. A draft
+        vocabulary's map (`d2t`) goes with every update: the engine's checkpoint has it,
+        and the weights and the map they were trained under arrive together."""
         state = self.online.head.state_dict()
-        fixed = ("embed.weight", "d2t")  # the target's embedding; a draft vocabulary's map
-        return {n: p.detach().clone() for n, p in state.items() if n not in fixed}
+        return {n: p.detach().clone() for n, p in state.items() if n != "embed.weight"}
 
     def _saved(self) -> dict | None:
         """The draft a previous life of this service published last (save_dir)."""
