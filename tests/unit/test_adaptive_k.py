@@ -195,12 +195,12 @@ def test_a_k_chosen_on_a_slow_spell_is_measured_again_next_to_its_runner_up():
     1.18x k=0 and is chosen. Without a recheck it holds until the anchors are renewed;
     the runner-up measured again next to it puts the range back at k=0."""
     cfg = CFG.model_copy(update={"refresh_steps": 10**5})  # the per-range choice alone
-    params = dict(alpha=0.25, draft_fixed=0.012, per_pos=0.0047, k0_overhead=0.004, spell=20, slowdown=1.3)
-    assert SimEngine(alpha=0.25, draft_fixed=0.012, per_pos=0.0047, k0_overhead=0.004).best_k(3, 64) == 0
+    costs = dict(alpha=0.25, draft_fixed=0.012, per_pos=0.0047, k0_overhead=0.004)
+    assert SimEngine(**costs).best_k(3, 64) == 0
     at_k0 = {}
     for recheck in (cfg.recheck_steps, 10**9):
         ctl = AdaptiveK(cfg.model_copy(update={"recheck_steps": recheck}), 3, 64)
-        engine, ks = SlowSpellEngine(seed=3, **params), []
+        engine, ks = SlowSpellEngine(seed=3, spell=20, slowdown=1.3, **costs), []
         for _ in range(2000):
             run(ctl, engine, 64, 1)
             ks.append(ctl.k_for(64))
