@@ -95,6 +95,34 @@ def tiny_qwen3(path, *, layers: int = 2, kv_heads: int = 2) -> None:
     Qwen3ForCausalLM(cfg).save_pretrained(str(path))
 
 
+def random_like(state: dict, seed: int = 0) -> dict:
+    """`state` with every float tensor replaced by small random values (int and bool
+    buffers, like an EAGLE-3 head's vocabulary maps, kept): a draft whose proposals the
+    target almost never accepts."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = dict(state)
+    for name, t in state.items():
+        if t.is_floating_point():
+            out[name] = torch.randn(t.shape, generator=g) * 0.05
+    return out
+
+
+def random_draft(out: Path, like: str = "zoo:eagle3-generic") -> str:
+    """A servable EAGLE-3 draft directory of `like`'s shape with random weights: its
+    drafts cost verification on any machine and are almost never accepted."""
+    from safetensors.torch import load_file, save_file
+
+    from specrl.config import resolve_model_path
+
+    src = Path(resolve_model_path(like))
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / "config.json", out / "config.json")
+    save_file(random_like(load_file(str(src / "model.safetensors"))), str(out / "model.safetensors"))
+    return str(out)
+
+
 def tiny_rollouts(n: int = 8, seed: int = 1) -> list:
     """Random prompts and completions with rollout logprobs; every third one rewarded."""
     import torch

@@ -164,6 +164,10 @@ class EngineConfig(StrictModel):
     model: str = "zoo:target"
     max_model_len: int = Field(512, ge=16)
     max_num_seqs: int = Field(128, ge=1)
+    # tokens one engine step processes, prompt chunks included: a longer prefill (one long
+    # prompt, many prompts at once) is split over steps; smaller keeps decode steps short
+    # while prompts arrive. None: vLLM's default (2048 on CPU); at least max_num_seqs
+    max_num_batched_tokens: int | None = Field(None, ge=1)
     # KV cache size in GiB; None sizes it by gpu_memory_utilization instead (on CPU that
     # is a fraction of the node's RAM, which fails when several engines share a machine).
     kv_cache_gib: float | None = Field(1.0, gt=0)
@@ -191,6 +195,15 @@ class EngineConfig(StrictModel):
     # machine, so engines sharing a machine must be given distinct cores, e.g. "1" or
     # "2-3" ("|" separates tensor-parallel ranks); "nobind" leaves placement to the OS.
     cpu_threads_bind: str = Field("auto", pattern=r"^(auto|nobind|[0-9,\-|]+)$")
+
+    @model_validator(mode="after")
+    def _step_budget(self) -> EngineConfig:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
+                f"({self.max_num_seqs}): every sequence in a step takes a token"
+            )
+        return self
 
     @model_validator(mode="after")
     def _nodes(self) -> EngineConfig:

@@ -12,7 +12,7 @@ from specrl.v1 import rollout_pb2 as pb
 from specrl.zoo import task
 from specrl.zoo.build import ZooSpec, task_kwargs
 
-from conftest import metrics_text, server_config
+from conftest import metrics_text, random_draft, server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on
@@ -236,6 +236,31 @@ def _k_schedule_server(servers):
     return servers.get(cfg)
 
 
+def test_a_seeded_prompt_prefilled_over_two_steps_samples_what_it_samples_in_one(servers):
+    """A prompt longer than the engine's step budget is prefilled over several steps, and
+    vLLM discards the token sampled after a partial one and rewinds the request's
+    generator for it: a CPU generator cannot rewind, and the engine core died on the first
+    seeded such request (a long prompt, or many requests recomputed at once after a
+    preemption or a drafter resume). specrl restores the generator's state instead
+    (vllm_patches.fix_cpu_seeded_partial_prefill), so the discarded token takes none of
+    the request's randomness: the seeded samples are token for token those of an engine
+    that prefills the prompt in one step."""
+    # random tokens, over the 256-token budget and within max_model_len: the target is
+    # unsure what follows them, so a draw taken from the request's generator shows
+    ids = torch.randint(3, 128, (400,), generator=torch.Generator().manual_seed(0)).tolist()
+    sampled = {}
+    for budget in (None, 256):
+        engine = {"model": "zoo:target", "dtype": "float32", "max_num_batched_tokens": budget}
+        proc = servers.get(server_config(engine=engine))
+        with RolloutClient(proc.address) as c:
+            out = c.generate([ids], n=4, max_tokens=24, ignore_eos=True, seed=9).samples
+        sampled[budget] = [(list(s.token_ids), list(s.logprobs)) for s in out]
+    assert len({tuple(t) for t, _ in sampled[None]}) == 4  # the samples differ: drawn, not fixed
+    for (whole, whole_lp), (split, split_lp) in zip(sampled[None], sampled[256], strict=True):
+        assert split == whole
+        assert split_lp == pytest.approx(whole_lp, abs=1e-4)
+
+
 def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_requests(servers):
     """With k=0 at every batch size the engine skips the drafter altogether (vLLM would
     still run it each step to keep its KV cache current): samples are the ones k=0 with
@@ -290,30 +315,38 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
 def _adaptive_server(servers, draft: str):
     cfg = server_config("eagle3", 3, draft, metrics_port=0)
     # no global speculate-or-off probe within the test (the first comes after
-    # refresh_steps / 4 steps): a status read during one would show k=0 everywhere; the
-    # runner-up re-measured within the test's few hundred steps (the anchors come in the
-    # first call, where a slow start once made the generic head's k=1 win on CI)
-    adaptive = {"enabled": True, "refresh_steps": 4000, "recheck_steps": 48}
+    # refresh_steps / 4 steps): a status read during one would show k=0 everywhere; nor a
+    # re-measure of the runner-up (unit-tested), which a status read would catch in force
+    adaptive = {"enabled": True, "refresh_steps": 4000, "recheck_steps": 100_000}
     spec = cfg.speculation.model_dump() | {"adaptive": adaptive}
     return servers.get(cfg.model_copy(update={"speculation": type(cfg.speculation).model_validate(spec)}))
 
 
+@pytest.fixture(scope="module")
+def useless_draft(tmp_path_factory) -> str:
+    """The generic head's shape with random weights (conftest.random_draft)."""
+    return random_draft(tmp_path_factory.mktemp("random-draft"))
+
+
 @pytest.mark.parametrize(
     ("draft", "batch", "speculates"),
-    [("zoo:eagle3-domain", 1, True), ("zoo:eagle3-generic", 64, False)],
-    ids=["domain-batch1", "generic-batch64"],
+    [("zoo:eagle3-domain", 1, True), ("useless_draft", 64, False)],
+    ids=["domain-batch1", "useless-batch64"],
 )
 def test_adaptive_k_keeps_speculation_where_it_pays_and_turns_it_off_where_it_costs(
-    servers, draft, batch, speculates
+    servers, request, draft, batch, speculates
 ):
-    """speculation.adaptive on a real engine, where this machine's measured costs decide.
+    """speculation.adaptive on a real engine, where the engine's measured costs decide.
     One sequence at a time (engine batch 1) with the in-domain head (acceptance ~3.5 at
     k=3): verifying drafts is cheap and they pay, so the controller keeps k >= 2. 64
-    sequences at once with the generic-init head (acceptance ~1.3): verification is
-    compute-bound at that batch (measured here: 34 ms per AR step, 45 at k=1, 63 at
-    k=3), so speculation costs more than it saves and the controller turns it off for
-    that batch size. The schedule it set is in GetStatus and in the metrics;
+    sequences at once with a random head (acceptance ~1.0): its drafts cost verification
+    and gain nothing, on any machine, so the controller turns speculation off for that
+    batch size. (The generic head at 64 was here: k=1 made ~0.9x k=0 on this machine,
+    a near-tie that CI's machine decided the other way, twice; the choice between close
+    ks is unit-tested.) The schedule it set is in GetStatus and in the metrics;
     SetSpeculation is refused."""
+    if not draft.startswith("zoo:"):
+        draft = request.getfixturevalue(draft)
     proc = _adaptive_server(servers, draft)
     prompts = [p.prompt for p in task.take(max(batch, 12), seed=21, split="test", **ZOO_TASK)]
     with RolloutClient(proc.address) as c:
@@ -334,14 +367,14 @@ def test_adaptive_k_keeps_speculation_where_it_pays_and_turns_it_off_where_it_co
     assert f'specrl_rollout_adaptive_tokens_per_second{{batch_sizes="{label}",k="0"}}' in body
 
 
-def test_a_probe_that_turns_speculation_off_says_so_in_the_log(servers):
-    """The controller's global decision on a real engine: the generic-init head at 64
-    sequences costs more than it saves (see above), so the first probe (after
+def test_a_probe_that_turns_speculation_off_says_so_in_the_log(servers, useless_draft):
+    """The controller's global decision on a real engine: a random head at 64 sequences
+    costs more than it saves (see above), so the first probe (after
     refresh_steps / 4 = 10 speculating steps here) ends with speculation off. The
     schedule stays k=0 everywhere from the probe on, so only the mode changes: the log
     must still say so (it used to go silent, and a log ending on a probe line was
     ambiguous)."""
-    cfg = server_config("eagle3", 3, "zoo:eagle3-generic", metrics_port=0)
+    cfg = server_config("eagle3", 3, useless_draft, metrics_port=0)
     spec = cfg.speculation.model_dump() | {"adaptive": {"enabled": True, "refresh_steps": 40}}
     proc = servers.get(cfg.model_copy(update={"speculation": type(cfg.speculation).model_validate(spec)}))
     prompts = [p.prompt for p in task.take(64, seed=21, split="test", **ZOO_TASK)]

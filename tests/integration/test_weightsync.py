@@ -27,7 +27,7 @@ from specrl.weightsync.wire import manifest_to_proto
 from specrl.zoo import task
 from specrl.zoo.build import ZooSpec, task_kwargs
 
-from conftest import metrics_text, wait_for
+from conftest import metrics_text, random_like, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on
@@ -160,11 +160,7 @@ def test_draft_sync_reaches_the_drafter_and_policy_sync_leaves_it_alone(system):
     assert base > 1.5, f"domain draft should accept drafts before any sync, got {base:.2f}"
 
     trained = _draft_state()
-    g = torch.Generator().manual_seed(0)
-    random = {
-        n: torch.randn(t.shape, generator=g) * 0.05 if t.is_floating_point() else t
-        for n, t in trained.items()
-    }
+    random = random_like(trained)
     draft.push(1, lambda: random.items())
     al, versions = _acceptance(r1)
     assert al < 1.1, f"a random draft must be rejected almost always, got {al:.2f}"

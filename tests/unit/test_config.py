@@ -36,6 +36,7 @@ def test_defaults_and_overrides(tmp_path):
         ("speculation: {method: ngram, k_schedule: [[1, 4, 3], [6, 8, 1]]}", "without gaps"),
         ("speculation: {method: ngram, num_speculative_tokens: 3, k_schedule: [[1, 4, 5]]}", "k=5 outside"),
         ("speculation: {k_schedule: [[1, 4, 0]]}", "needs a speculation method"),
+        ("engine: {max_num_seqs: 64, max_num_batched_tokens: 32}", "at least max_num_seqs"),
     ],
 )
 def test_bad_configs_name_the_field(tmp_path, text, field):

@@ -75,6 +75,7 @@ def engine_args(engine: EngineConfig, speculation: SpeculationConfig, *, node_ra
         tokenizer=model,
         max_model_len=engine.max_model_len,
         max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
         gpu_memory_utilization=engine.gpu_memory_utilization,
         kv_cache_memory_bytes=(int(engine.kv_cache_gib * 2**30) if engine.kv_cache_gib is not None else None),
         dtype=engine.dtype,
