@@ -303,12 +303,15 @@ def verify_lossless(
     model: str = typer.Option(None, help="Target model (default: the server's)."),
     samples: int = typer.Option(6000, help="Samples per sampling setting."),
     alpha: float = typer.Option(1e-3, help="Significance level of each test."),
+    seed: int = typer.Option(
+        None, help="Seed the samples (as the orchestrator does): a rerun samples the same. Default: unseeded."
+    ),
     out: Path = typer.Option(None, help="Write the results as JSON here."),
 ) -> None:
     """Compare the server's sampled continuations with the exact target distribution."""
     from specrl.stats.lossless import verify_server
 
-    report = verify_server(address, model=model, samples=samples, alpha=alpha, console=console)
+    report = verify_server(address, model=model, samples=samples, alpha=alpha, seed=seed, console=console)
     if out:
         import json
 

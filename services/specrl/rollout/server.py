@@ -69,6 +69,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             vocab_size=info.vocab_size,
             max_model_len=info.max_model_len,
             max_samples_per_request=service.cfg.max_samples_per_request,
+            max_n=info.max_n,
         )
 
     async def _parse(

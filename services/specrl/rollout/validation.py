@@ -29,6 +29,7 @@ class Limits:
     vocab_size: int
     max_model_len: int
     max_samples_per_request: int
+    max_n: int | None = None  # the engine's own limit on samples per prompt
 
 
 def parse_sampling(s: pb.SamplingParams) -> Sampling:
@@ -103,6 +104,11 @@ def parse_request(
 ) -> tuple[list[list[int]], Sampling]:
     sampling = parse_sampling(req.sampling)
     prompts = parse_prompts(list(req.prompts), tokenize, limits)
+    if limits.max_n is not None and sampling.n > limits.max_n:
+        raise RequestError(
+            "sampling.n",
+            f"must be at most {limits.max_n} (the engine's limit on samples per prompt), got {sampling.n}",
+        )
     total = len(prompts) * sampling.n
     if total > limits.max_samples_per_request:
         raise RequestError(

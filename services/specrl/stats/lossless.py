@@ -133,11 +133,16 @@ def verify_server(
     samples: int,
     alpha: float,
     length: int = 3,
+    seed: int | None = None,
     console=None,
 ) -> dict:
     """Sample through a running rollout server under each SETTINGS entry and test the
     continuations of PROBE_PROMPT against the exact distribution of `model` (default: the
-    path the server reports)."""
+    path the server reports). With `seed`, sample j of setting i has seed
+    seed + i * samples + j (vLLM seeds the n samples of a request from its seed up), the
+    way the orchestrator seeds rollouts: a rerun samples the same and its verdict is the
+    same; unseeded, each run is a fresh draw that a correct sampler fails with
+    probability alpha per setting."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specrl.rollout.client import RolloutClient
@@ -149,11 +154,14 @@ def verify_server(
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         prompt_ids = tok(PROBE_PROMPT, add_special_tokens=False)["input_ids"]
         rows, passed = [], True
-        for setting in SETTINGS:
+        for i, setting in enumerate(SETTINGS):
             exact = continuation_distribution(
                 hf, prompt_ids, length=length, eos_id=tok.eos_token_id, **setting
             )
-            resp = client.generate([prompt_ids], n=samples, max_tokens=length, return_text=False, **setting)
+            seeds = {} if seed is None else {"seed": seed + i * samples}
+            resp = client.generate(
+                [prompt_ids], n=samples, max_tokens=length, return_text=False, **seeds, **setting
+            )
             acc = [s.acceptance for s in resp.samples]
             drafts = sum(a.drafts for a in acc)
             al = 1 + sum(a.accepted_tokens for a in acc) / drafts if drafts else 1.0
@@ -182,6 +190,7 @@ def verify_server(
         "speculation": status.speculation_method,
         "k": status.num_speculative_tokens,
         "alpha": alpha,
+        "seed": seed,
         "passed": passed,
         "checks": rows,
     }

@@ -92,6 +92,8 @@ class EngineInfo:
     vocab_size: int
     # Processes holding model weights; each joins a weight-sync group.
     workers: int = 1
+    # Most samples (n) the engine takes for one prompt; None: no limit of its own.
+    max_n: int | None = None
 
 
 @dataclass(frozen=True)

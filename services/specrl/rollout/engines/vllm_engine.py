@@ -143,6 +143,7 @@ class VllmEngine:
 
     def __init__(self, engine: EngineConfig, speculation: SpeculationConfig) -> None:
         import vllm
+        import vllm.envs
         from transformers import AutoConfig, AutoTokenizer
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -161,6 +162,7 @@ class VllmEngine:
             max_model_len=engine.max_model_len,
             vocab_size=hf.vocab_size,
             workers=engine.tensor_parallel_size,
+            max_n=vllm.envs.VLLM_MAX_N_SEQUENCES,
         )
         self._step_listeners: list[Callable[[EngineStep], None]] = []
         self._drafter_paused = False
