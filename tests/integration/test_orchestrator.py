@@ -13,6 +13,7 @@ version advances by one per step, and nothing is trained on twice."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import grpc
 import pytest
@@ -120,6 +121,25 @@ def test_a_lag_bound_of_two_is_held_too(services, tmp_path):
         for lag, n in r["lag_counts"].items():
             counts[lag] = counts.get(lag, 0) + n
     assert set(counts) <= {"0", "1", "2"} and sum(counts.get(k, 0) for k in ("1", "2")) > 0, counts
+
+
+def test_a_checkpoint_never_holds_a_step_the_step_log_lacks(services, tmp_path, monkeypatch):
+    """Every save of the trainer (the run's first, of the policy it starts from; one per
+    version with checkpoint_every 1; the last) finds the steps that made its version in
+    the step log already. Saved before the log line, a `specrl run` killed between the
+    two was resumed past a step its log never got (test_resume, once in a full run:
+    "resumed at version 10", 9 steps logged)."""
+    saves: list[tuple[int, int]] = []  # (version saved, steps logged then)
+    save = TrainerClient.save
+
+    def save_and_note(self, path: str):
+        log = Path(path).parent / "steps.jsonl"
+        saves.append((self.status().step, len(log.read_text().splitlines()) if log.exists() else 0))
+        return save(self, path)
+
+    monkeypatch.setattr(TrainerClient, "save", save_and_note)
+    start, _ = _run(services, tmp_path, "checkpointed", 2, max_lag=1, checkpoint_every=1)
+    assert saves == [(start + i, i) for i in range(3)], saves
 
 
 def test_stopping_cancels_the_generations_in_flight_and_gives_their_prompts_back(services):

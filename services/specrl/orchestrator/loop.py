@@ -12,7 +12,11 @@ Step s trains policy version s into s + 1:
   logprob, train   one TrainStep on the trainer (old-policy logprobs, GRPO step).
 Then the consumed entries are acknowledged, the groups recorded as trained (and kept
 for replay until a checkpoint holds the step) and the new version saved, in one Redis
-transaction. A checkpoint is saved every `checkpoint_every` versions and at the end.
+transaction, and the step is logged. A checkpoint is saved every `checkpoint_every`
+versions and at the end, once the step that made the version is in the step log: at the
+start of the next step (its `checkpoint` time) or after the last. Saved before the log
+line, a process killed between the two left a checkpoint holding a step its log never
+got, and the resumed run went on past it.
 
 Resume (`specrl run --resume`): the trainer restarts from the last checkpoint (version
 v) and the queues are rolled back to v (`RunStreams.resume`): steps after v are trained
@@ -126,6 +130,7 @@ class Orchestrator:
         self._draft_push = None  # the draft-trainer's answer to the last push
         self.rewind = rewind
         self.version = trainer.status().step
+        self._saved_version = self.version  # resumed from its checkpoint, or the initial policy
         self.next_batch = int(streams.get_state().get("next_batch", self.version))
         self.buffer: dict[str, Delivery] = {}  # rollout entry id -> delivery held
         o = cfg.orchestrator
@@ -160,6 +165,7 @@ class Orchestrator:
                 if self.control is not None:
                     self.control.wait_while_paused(self.check_alive)
                 records.append(self.step())
+            self._checkpoint(force=self._checkpoint_requested())  # the final version
             self._push()  # the replicas end on the final policy
         finally:
             self.generators.stop()
@@ -170,6 +176,8 @@ class Orchestrator:
         self._counts.clear()
         idle_rollout0 = self.generators.idle_seconds()
         t0 = time.perf_counter()
+        self._checkpoint(force=self._checkpoint_requested())  # the version the last step made
+        tc = time.perf_counter()
         self._rediscover()
         push = self._push()
         t1 = time.perf_counter()
@@ -191,17 +199,14 @@ class Orchestrator:
         self.streams.complete(entries, groups, {"version": self.version}, replay_step=replay)
         for d in self._taken:
             self.buffer.pop(d.entry_id, None)
-        t4 = time.perf_counter()
-        self._checkpoint(force=self.control is not None and self.control.take_checkpoint_request())
-        t5 = time.perf_counter()
         m = resp.metrics
         # The replicas' drain at the start of a push waits for Generate calls in flight
         # (async RL): time the trainer waits for generation, so it counts as exposed.
         drain = push.phases.get("begin", 0.0)
         if self._draft_push is not None:
             drain += self._draft_push.phases.get("begin", 0.0)
-        t = {"prepare": t1 - t0 - drain, "data": t2 - t1, "exposed_generation": t3 - t2 + drain}
-        t |= {"logprob": m.logprob_seconds, "train": m.train_seconds, "checkpoint": t5 - t4}
+        t = {"prepare": t1 - tc - drain, "data": t2 - t1, "exposed_generation": t3 - t2 + drain}
+        t |= {"logprob": m.logprob_seconds, "train": m.train_seconds, "checkpoint": tc - t0}
         t["step"] = time.perf_counter() - t0
         t["other"] = t["step"] - sum(t[k] for k in ADDITIVE)
         t["gen"] = max(g.finished_at for g in groups) - min(g.started_at for g in groups)
@@ -219,14 +224,23 @@ class Orchestrator:
             self.on_step(record)
         return record
 
+    def _checkpoint_requested(self) -> bool:
+        return self.control is not None and self.control.take_checkpoint_request()
+
     def _checkpoint(self, *, force: bool = False) -> None:
-        """Every `checkpoint_every` versions, after the last step and when `force`d; the
-        steps the checkpoint holds are then no longer kept for replay."""
+        """The current version, when due (every `checkpoint_every` versions and the last)
+        or `force`d (asked for on the status page), and not saved yet; called only once
+        the step that made it is logged (module docstring). The steps the checkpoint
+        holds are then no longer kept for replay."""
         every, steps = self.cfg.orchestrator.checkpoint_every, self.cfg.orchestrator.steps
         if self.checkpoint_dir is None:
             return
-        if force or self.version >= steps or (every and self.version % every == 0):
+        due = self.version != self._saved_version and (
+            self.version >= steps or (every and self.version % every == 0)
+        )
+        if force or due:
             self.checkpoint = self.trainer.save(str(self.checkpoint_dir.resolve())).path
+            self._saved_version = self.version
             self.streams.flush(self.version)
 
     def _rediscover(self) -> None:

@@ -188,7 +188,7 @@ def create_app(status: RunStatus, token: str) -> FastAPI:
     @app.post("/api/checkpoint", dependencies=[Depends(authorized)])
     def checkpoint() -> dict[str, str]:
         status.control.request_checkpoint()
-        return {"checkpoint": "at the end of the current step"}
+        return {"checkpoint": "of the current step's version, once the step is logged (paused: on resume)"}
 
     return app
 
