@@ -27,7 +27,7 @@ ALPHA = 1e-3
 # checks: ~1.5% of runs would fail a correct sampler). Every check has seeds of its own:
 # with shared ones the methods' samples are alike (lossless, same random numbers) and
 # their checks one draw, not 15 (seeds 6001-12000 gave every method's T=0.7 check
-# p = 0.002-0.05, where 16000 samples at three other seeds or unseeded give 0.18-0.75).
+# p = 0.002-0.05; docs/lossless.md: no bias at 16000 samples).
 # Unseeded sampling is tested by the startup self-test and test_rollout_server.py's
 # `specrl verify lossless` test.
 SEED = 1
