@@ -109,16 +109,20 @@ def random_like(state: dict, seed: int = 0) -> dict:
     return out
 
 
-def random_draft(out: Path, like: str = "zoo:eagle3-generic") -> str:
-    """A servable EAGLE-3 draft directory of `like`'s shape with random weights: its
-    drafts cost verification on any machine and are almost never accepted."""
+def random_weights(out: Path, like: str) -> str:
+    """A servable copy of model `like` (config, tokenizer) with random weights
+    (`random_like`), for a property no trained model guarantees on every build: an
+    EAGLE-3 head of it proposes drafts the target almost never accepts (they cost
+    verification on any machine); a target of it is unsure of every next token."""
     from safetensors.torch import load_file, save_file
 
     from specrl.config import resolve_model_path
 
     src = Path(resolve_model_path(like))
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(src / "config.json", out / "config.json")
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy(f, out / f.name)
     save_file(random_like(load_file(str(src / "model.safetensors"))), str(out / "model.safetensors"))
     return str(out)
 

@@ -65,7 +65,9 @@ def _fail(message: str, code: int = 2) -> None:
 @zoo_app.command("build")
 def zoo_build(
     home: Path = typer.Option(None, help="Zoo root (default: $SPECRL_HOME/zoo)."),
-    seed: int = typer.Option(0, help="Seed of every random choice in the build."),
+    seed: int = typer.Option(
+        None, help="Seed of every random choice in the build (default: $SPECRL_ZOO_SEED, else 0)."
+    ),
     force: bool = typer.Option(False, help="Rebuild even if a matching build is cached."),
     think: bool = typer.Option(
         False, help="Also the RL-Think variant (a reasoning-trace SFT of the target and its heads, ~13 min)."
@@ -88,21 +90,36 @@ def zoo_build(
 
 @zoo_app.command("info")
 def zoo_info(home: Path = typer.Option(None, help="Zoo root.")) -> None:
-    """Show what the cached zoo holds (and its RL-Think variant, when built)."""
+    """Show what the cached zoo holds (and its RL-Think variant, when built), with its
+    fingerprint (SHA-256 of each model's files): two zoos with equal fingerprints are the
+    same models. Exits 1 when the files no longer match the fingerprint they were built with."""
     import json
 
-    from specrl.zoo.build import zoo_root
+    from specrl.zoo.build import load_manifest, zoo_root
+    from specrl.zoo.isolated import fingerprint
     from specrl.zoo.think import THINK_DIR
 
     root = home or zoo_root()
-    path = root / "manifest.json"
-    if not path.exists():
+    manifest = load_manifest(root)
+    if manifest is None:
         _fail(f"no zoo at {root}: run `specrl zoo build`")
-    manifest = json.loads(path.read_text())
-    think = root / THINK_DIR / "manifest.json"
-    if think.exists():  # the RL-Think variant, when built (`specrl zoo build --think`)
-        manifest[THINK_DIR] = json.loads(think.read_text())
+    assert manifest is not None
+    changed = []
+    parts = {"": (root, manifest)}
+    if think := load_manifest(root / THINK_DIR):  # the RL-Think variant (`zoo build --think`)
+        manifest[THINK_DIR] = think
+        parts[THINK_DIR] = (root / THINK_DIR, think)
+    for label, (where, built) in parts.items():
+        now = fingerprint(where, list(built["models"]))
+        if built.get("fingerprint") != now:
+            changed.append(label or "zoo")
     print(json.dumps(manifest, indent=2))
+    if changed:
+        console.print(
+            f"[red]{', '.join(changed)}: files differ from the build's fingerprint "
+            "(edited, or built before fingerprints): `specrl zoo build --force`[/red]"
+        )
+        raise typer.Exit(1)
 
 
 @serve_app.command("rollout")

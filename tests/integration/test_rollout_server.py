@@ -12,7 +12,7 @@ from specrl.v1 import rollout_pb2 as pb
 from specrl.zoo import task
 from specrl.zoo.build import ZooSpec, task_kwargs
 
-from conftest import metrics_text, random_draft, server_config
+from conftest import metrics_text, random_weights, server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on
@@ -240,31 +240,6 @@ def _k_schedule_server(servers):
     return servers.get(cfg)
 
 
-def test_a_seeded_prompt_prefilled_over_two_steps_samples_what_it_samples_in_one(servers):
-    """A prompt longer than the engine's step budget is prefilled over several steps, and
-    vLLM discards the token sampled after a partial one and rewinds the request's
-    generator for it: a CPU generator cannot rewind, and the engine core died on the first
-    seeded such request (a long prompt, or many requests recomputed at once after a
-    preemption or a drafter resume). specrl restores the generator's state instead
-    (vllm_patches.fix_cpu_seeded_partial_prefill), so the discarded token takes none of
-    the request's randomness: the seeded samples are token for token those of an engine
-    that prefills the prompt in one step."""
-    # random tokens, over the 256-token budget and within max_model_len: the target is
-    # unsure what follows them, so a draw taken from the request's generator shows
-    ids = torch.randint(3, 128, (400,), generator=torch.Generator().manual_seed(0)).tolist()
-    sampled = {}
-    for budget in (None, 256):
-        engine = {"model": "zoo:target", "dtype": "float32", "max_num_batched_tokens": budget}
-        proc = servers.get(server_config(engine=engine))
-        with RolloutClient(proc.address) as c:
-            out = c.generate([ids], n=4, max_tokens=24, ignore_eos=True, seed=9).samples
-        sampled[budget] = [(list(s.token_ids), list(s.logprobs)) for s in out]
-    assert len({tuple(t) for t, _ in sampled[None]}) == 4  # the samples differ: drawn, not fixed
-    for (whole, whole_lp), (split, split_lp) in zip(sampled[None], sampled[256], strict=True):
-        assert split == whole
-        assert split_lp == pytest.approx(whole_lp, abs=1e-4)
-
-
 def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_requests(servers):
     """With k=0 at every batch size the engine skips the drafter altogether (vLLM would
     still run it each step to keep its KV cache current): samples are the ones k=0 with
@@ -316,59 +291,108 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
         assert list(resumed.token_ids) == list(never_paused.token_ids)
 
 
-def _adaptive_server(servers, draft: str):
+def test_a_seeded_prompt_prefilled_over_two_steps_samples_what_it_samples_in_one(servers, tmp_path):
+    """A prompt longer than the engine's step budget is prefilled over several steps, and
+    vLLM discards the token sampled after a partial one and rewinds the request's
+    generator for it: a CPU generator cannot rewind, and the engine core died on the first
+    seeded such request (a long prompt, or many requests recomputed at once after a
+    preemption or a drafter resume). specrl restores the generator's state instead
+    (vllm_patches.fix_cpu_seeded_partial_prefill), so the discarded token takes none of
+    the request's randomness: the seeded samples are token for token those of an engine
+    that prefills the prompt in one step. The target is the zoo target's shape with
+    random weights: unsure of every next token, so each draw from the request's
+    generator shows (a trained zoo target can be sure what follows, and was on one
+    machine's build: 4 identical samples, a test that could not fail; issue 36)."""
+    unsure = random_weights(tmp_path / "random-target", "zoo:target")
+    ids = torch.randint(3, 128, (400,), generator=torch.Generator().manual_seed(0)).tolist()
+    sampled = {}
+    for budget in (None, 256):  # 400 tokens: over the 256-token budget, within max_model_len
+        engine = {"model": unsure, "dtype": "float32", "max_num_batched_tokens": budget}
+        proc = servers.get(server_config(engine=engine))
+        with RolloutClient(proc.address) as c:
+            out = c.generate([ids], n=4, max_tokens=24, ignore_eos=True, seed=9).samples
+        sampled[budget] = [(list(s.token_ids), list(s.logprobs)) for s in out]
+    distinct = {tuple(t) for t, _ in sampled[None]}
+    assert len(distinct) == 4, f"premise: the 4 samples must differ (drawn, not fixed), got {distinct}"
+    for (whole, whole_lp), (split, split_lp) in zip(sampled[None], sampled[256], strict=True):
+        assert split == whole
+        assert split_lp == pytest.approx(whole_lp, abs=1e-4)
+
+
+def _adaptive_server(servers, draft: str, **adaptive):
     cfg = server_config("eagle3", 3, draft, metrics_port=0)
     # no global speculate-or-off probe within the test (the first comes after
     # refresh_steps / 4 steps): a status read during one would show k=0 everywhere; nor a
     # re-measure of the runner-up (unit-tested), which a status read would catch in force
-    adaptive = {"enabled": True, "refresh_steps": 4000, "recheck_steps": 100_000}
+    adaptive = {"enabled": True, "refresh_steps": 4000, "recheck_steps": 100_000, **adaptive}
     spec = cfg.speculation.model_dump() | {"adaptive": adaptive}
     return servers.get(cfg.model_copy(update={"speculation": type(cfg.speculation).model_validate(spec)}))
 
 
 @pytest.fixture(scope="module")
 def useless_draft(tmp_path_factory) -> str:
-    """The generic head's shape with random weights (conftest.random_draft)."""
-    return random_draft(tmp_path_factory.mktemp("random-draft"))
+    """The generic head's shape with random weights (conftest.random_weights)."""
+    return random_weights(tmp_path_factory.mktemp("random-draft"), "zoo:eagle3-generic")
 
 
-@pytest.mark.parametrize(
-    ("draft", "batch", "speculates"),
-    [("zoo:eagle3-domain", 1, True), ("useless_draft", 64, False)],
-    ids=["domain-batch1", "useless-batch64"],
-)
-def test_adaptive_k_keeps_speculation_where_it_pays_and_turns_it_off_where_it_costs(
-    servers, request, draft, batch, speculates
-):
-    """speculation.adaptive on a real engine, where the engine's measured costs decide.
-    One sequence at a time (engine batch 1) with the in-domain head (acceptance ~3.5 at
-    k=3): verifying drafts is cheap and they pay, so the controller keeps k >= 2. 64
-    sequences at once with a random head (acceptance ~1.0): its drafts cost verification
-    and gain nothing, on any machine, so the controller turns speculation off for that
-    batch size. (The generic head at 64 was here: k=1 made ~0.9x k=0 on this machine,
-    a near-tie that CI's machine decided the other way, twice; the choice between close
-    ks is unit-tested.) The schedule it set is in GetStatus and in the metrics;
-    SetSpeculation is refused."""
-    if not draft.startswith("zoo:"):
-        draft = request.getfixturevalue(draft)
-    proc = _adaptive_server(servers, draft)
-    prompts = [p.prompt for p in task.take(max(batch, 12), seed=21, split="test", **ZOO_TASK)]
+def test_adaptive_k_keeps_speculation_where_it_pays(servers):
+    """speculation.adaptive on a real engine, where the engine's measured costs decide:
+    one sequence at a time (engine batch 1) with the in-domain head (acceptance ~3.5 at
+    k=3), verifying drafts is cheap and they pay, so the controller keeps k >= 2. The
+    schedule it set is in GetStatus and in the metrics; SetSpeculation is refused."""
+    proc = _adaptive_server(servers, "zoo:eagle3-domain")
+    prompts = [p.prompt for p in task.take(12, seed=21, split="test", **ZOO_TASK)]
     with RolloutClient(proc.address) as c:
         assert c.status().speculation.adaptive
-        for i in range(12 if batch == 1 else 6):
-            c.generate([prompts[i]] if batch == 1 else prompts, max_tokens=48, ignore_eos=True, seed=i)
+        for i, prompt in enumerate(prompts):
+            c.generate([prompt], max_tokens=48, ignore_eos=True, seed=i)
         state = c.status().speculation
         with pytest.raises(grpc.RpcError) as refused:
             c.set_k_schedule([(1, 128, 1)])
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "adaptive" in refused.value.details()
-    k = next(r.k for r in state.k_schedule if r.first <= batch <= r.last)
-    assert (k >= 2) if speculates else (k == 0), list(state.k_schedule)
+    k = next(r.k for r in state.k_schedule if r.first <= 1 <= r.last)
+    assert k >= 2, list(state.k_schedule)
     assert state.k_schedule[0].first == 1 and state.k_schedule[-1].last == 128  # every batch size has a k
     body = metrics_text(proc)
-    label = "1" if batch == 1 else "49-64"
-    assert f'specrl_rollout_adaptive_k{{batch_sizes="{label}"}} {float(k)}' in body
-    assert f'specrl_rollout_adaptive_tokens_per_second{{batch_sizes="{label}",k="0"}}' in body
+    assert f'specrl_rollout_adaptive_k{{batch_sizes="1"}} {float(k)}' in body
+    assert 'specrl_rollout_adaptive_tokens_per_second{batch_sizes="1",k="0"}' in body
+
+
+@pytest.mark.parametrize(
+    ("calls", "adaptive"),
+    [((1, 1, 8, 8, 64, 64), {}), ((64, 64, 64, 64), {"cheap_drafts": 10**6})],
+    ids=["acceptance-batch1-8-64", "costs-batch64"],
+)
+def test_adaptive_k_turns_a_never_accepted_draft_off_at_every_batch_size(
+    servers, useless_draft, calls, adaptive
+):
+    """A random head (acceptance ~1.0) served at several batch sizes (`calls`: each
+    call's number of sequences, 48 tokens each): the controller turns speculation off
+    everywhere (the drafter paused) within the first calls and the later calls draft
+    nothing, on any machine. From
+    acceptance alone (a step that yields < ar_margin tokens per request cannot beat AR;
+    issue 36 found this machine's controller at k=1 for batch 49-64 and k=3 for every
+    batch size it had not measured), and with that bound held back (cheap_drafts out of
+    reach) from the engine's step costs at batch 64, where the k=0 anchor is measured and
+    the ranges never measured follow it."""
+    proc = _adaptive_server(servers, useless_draft, **adaptive)
+    prompts = [p.prompt for p in task.take(64, seed=21, split="test", **ZOO_TASK)]
+    drafts = []
+    with RolloutClient(proc.address) as c:
+        for i, batch in enumerate(calls):
+            out = c.generate(prompts[:batch], max_tokens=48, ignore_eos=True, seed=i).samples
+            drafts.append(sum(s.acceptance.drafts for s in out))
+        state = c.status().speculation
+    assert [(r.first, r.last, r.k) for r in state.k_schedule] == [(1, 128, 0)], list(state.k_schedule)
+    assert state.drafter_paused
+    assert drafts[0] > 0 and drafts[-2:] == [0, 0], drafts  # off within the first calls
+    lines = [line for line in proc.log_path.read_text().splitlines() if "adaptive k schedule now" in line]
+    assert lines and lines[-1].endswith("[(1, 128, 0)] (off)"), lines
+    body = metrics_text(proc)
+    assert 'specrl_rollout_adaptive_k{batch_sizes="49-64"} 0.0' in body
+    if adaptive:  # costs decided: the k=0 anchor was measured at 64 sequences
+        assert 'specrl_rollout_adaptive_tokens_per_second{batch_sizes="49-64",k="0"}' in body
 
 
 def test_a_probe_that_turns_speculation_off_says_so_in_the_log(servers, useless_draft):
@@ -379,7 +403,9 @@ def test_a_probe_that_turns_speculation_off_says_so_in_the_log(servers, useless_
     must still say so (it used to go silent, and a log ending on a probe line was
     ambiguous)."""
     cfg = server_config("eagle3", 3, useless_draft, metrics_port=0)
-    spec = cfg.speculation.model_dump() | {"adaptive": {"enabled": True, "refresh_steps": 40}}
+    # cheap_drafts out of reach: acceptance alone would turn this draft off before a probe
+    adaptive = {"enabled": True, "refresh_steps": 40, "cheap_drafts": 10**6}
+    spec = cfg.speculation.model_dump() | {"adaptive": adaptive}
     proc = servers.get(cfg.model_copy(update={"speculation": type(cfg.speculation).model_validate(spec)}))
     prompts = [p.prompt for p in task.take(64, seed=21, split="test", **ZOO_TASK)]
     with RolloutClient(proc.address) as c:

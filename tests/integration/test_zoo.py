@@ -73,21 +73,43 @@ def test_models_load_in_transformers_with_the_shared_tokenizer(zoo):
             assert model(input_ids=ids).logits.shape[-1] == len(tok) == 128
 
 
-def test_build_is_reproducible_from_the_seed(tmp_path):
-    """Two builds of a miniature spec with the same seed are byte-identical; another seed differs."""
-    import hashlib
+def test_build_is_the_same_whatever_the_callers_threads_and_differs_by_seed(tmp_path):
+    """Two builds of a miniature spec with the same seed, one from a process with one
+    compute thread and one from a process with two (a float reduction split over one
+    thread or two rounds differently: before builds ran in a fixed environment, three of
+    the four miniature models differed so), are byte-identical and carry the same
+    fingerprint, which `specrl zoo info` shows and checks; another seed differs."""
+    import os
+    import subprocess
+    import sys
 
-    def digest(root: Path) -> dict[str, str]:
-        return {
-            str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*.safetensors"))
-        }
+    from typer.testing import CliRunner
 
-    a = digest(Path(build_zoo(tmp_path / "a", seed=3, spec=MINI) and tmp_path / "a"))
-    b = digest(Path(build_zoo(tmp_path / "b", seed=3, spec=MINI) and tmp_path / "b"))
-    c = digest(Path(build_zoo(tmp_path / "c", seed=4, spec=MINI) and tmp_path / "c"))
-    assert len(a) == 4 and a == b
-    assert a != c
+    from specrl.cli import app
+
+    def build(root: Path, seed: int, threads: int) -> dict:
+        code = (
+            "import json, sys; from pathlib import Path; from specrl.zoo.build import ZooSpec, build_zoo; "
+            "build_zoo(Path(sys.argv[1]), seed=int(sys.argv[2]), spec=ZooSpec(**json.loads(sys.argv[3])))"
+        )
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        args = [sys.executable, "-c", code, str(root), str(seed), json.dumps(dataclasses.asdict(MINI))]
+        subprocess.run(args, env=env, check=True, capture_output=True)
+        return json.loads((root / "manifest.json").read_text())
+
+    a, b, c = build(tmp_path / "a", 3, 1), build(tmp_path / "b", 3, 2), build(tmp_path / "c", 4, 1)
+    assert set(a["fingerprint"]) == {"target", "eagle3-domain", "eagle3-generic", "draft", "all"}
+    assert a["fingerprint"] == b["fingerprint"]
+    for name in ("target", "eagle3-domain", "eagle3-generic", "draft"):
+        model = f"{name}/model.safetensors"
+        assert (tmp_path / "a" / model).read_bytes() == (tmp_path / "b" / model).read_bytes(), name
+    assert all(c["fingerprint"][n] != a["fingerprint"][n] for n in ("target", "all"))
+
+    shown = CliRunner().invoke(app, ["zoo", "info", "--home", str(tmp_path / "a")])
+    assert shown.exit_code == 0 and json.loads(shown.output)["fingerprint"] == a["fingerprint"]
+    (tmp_path / "a" / "draft" / "config.json").write_text("{}")  # a file changed after the build
+    shown = CliRunner().invoke(app, ["zoo", "info", "--home", str(tmp_path / "a")])
+    assert shown.exit_code == 1 and "differ from the build's fingerprint" in shown.output
 
 
 def test_think_variant_builds_on_the_zoo_is_cached_and_follows_it(tmp_path):

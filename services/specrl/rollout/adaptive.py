@@ -27,6 +27,13 @@ the k in force is measured again, next in time to it, once its measurement is
 decided by a slow minute) otherwise holds until the anchors are renewed. This costs at
 most `min_samples` steps at the runner-up's rate per `recheck_steps` (<1%).
 
+Noise must not make a useless draft look useful, on any machine: step costs are made
+non-decreasing in k (a k read cheaper than a smaller one is noise), a draft whose
+acceptance bounds its tokens per step below `ar_margin` is turned off everywhere from
+acceptance alone (`tokens_bound`), and a batch range not measured yet runs the verdict of
+the nearest measured one, not the largest k (issue 36: a random head kept k=1 at 64
+sequences and k=3 at every batch size never measured).
+
 Acceptance per position is pooled over many requests (`acceptance_window`, 4096 drafts):
 it differs from prompt to prompt, and a window of a few requests made the controller
 chase each prompt's acceptance, switching k and even turning speculation off on a run of
@@ -96,6 +103,8 @@ class _Range:
     deep_mark: int = 0  # AdaptiveK.deep_drafts when this range's measurements were renewed
     paused: deque[float] = field(default_factory=deque)  # step seconds with speculation off
     paused_steps: int = 0  # paused steps seen in the current probe
+    searched: bool = False  # its own search has begun (until then it follows its neighbours)
+    verdict: int | None = None  # the best k its own measurements found (0: AR)
 
     @property
     def label(self) -> str:
@@ -186,6 +195,10 @@ class AdaptiveK:
         if self.mode != SPECULATING:
             return self._observe_paused(step, r)
         changed = self._observe_speculating(step, r)
+        if (bound := self.tokens_bound()) is not None and bound < self.cfg.ar_margin:
+            for x in self.ranges:  # no k can pay at any batch size (tokens_bound)
+                x.k = 0
+            changed = True
         if changed and all(x.k == 0 for x in self.ranges):
             self._go_off()  # the engine pauses the drafter: measure it as paused
         elif self._mode_steps >= self._period:
@@ -217,7 +230,7 @@ class AdaptiveK:
         if self.mode == OFF and self._mode_steps >= self._off_steps:
             for x in self.ranges:  # speculation is measured afresh (draft and load moved),
                 x.k, x.seconds, x.measured, x.steps = 1, {}, {}, 0  # from its cheap end
-                x.deep_mark = self.deep_drafts
+                x.deep_mark, x.searched, x.verdict = self.deep_drafts, False, None
             self._after_off = True
             self._reset_acceptance()
             self._enter(SPECULATING)
@@ -273,12 +286,30 @@ class AdaptiveK:
             r.deep_mark = self.deep_drafts
         if r.steps % self.cfg.min_samples or len(r.seconds[r.k]) < self.cfg.min_samples:
             return False
+        r.searched = True
+        verdict = r.verdict
         chosen = self._choose(r)
-        if chosen == r.k:
+        followed = r.verdict != verdict and self._follow_neighbours()
+        if chosen == r.k and not followed:
             return False
         r.k = chosen
         self._settle = 2
         return True
+
+    def _follow_neighbours(self) -> bool:
+        """Ranges whose own search has not begun take the verdict of the nearest range
+        that has one (the smaller k at equal distance): a batch size never measured
+        starts from what was measured nearest to it, off where speculation lost
+        everywhere it was measured, not from the largest k. True when a k changed."""
+        judged = [(i, x.verdict) for i, x in enumerate(self.ranges) if x.verdict is not None]
+        changed = False
+        for i, x in enumerate(self.ranges):
+            if x.searched or not judged:
+                continue
+            k = min(judged, key=lambda jv: (abs(jv[0] - i), jv[1]))[1]
+            changed |= x.k != k
+            x.k = k
+        return changed
 
     def _learn_acceptance(self, step: EngineStep, k: int) -> None:
         """Count, per position up to the k in force, the step's requests and the drafts
@@ -302,9 +333,36 @@ class AdaptiveK:
         bonus token plus the accepted drafts."""
         return 1 + sum(self.acceptance()[:k])
 
+    def tokens_bound(self) -> float | None:
+        """An upper confidence bound (z = 3) on the tokens a request gains per step at the
+        largest k, from the drafts verified so far; None before `cheap_drafts` at the
+        first position. A step at any k > 0 costs at least what the paused engine's step
+        costs (the same forward over more tokens, plus the drafter), so below `ar_margin`
+        no k beats AR by the margin at any batch size, on any machine: a never-accepted
+        draft is turned off from acceptance alone, without step costs that noise can
+        rank wrong. Positions not yet measured are bounded by the one before (acceptance
+        never rises with the position)."""
+        if self._requests[0] < self.cfg.cheap_drafts:
+            return None
+        total, cap = 1.0, 1.0
+        for n, a in zip(self._requests, self._accepted):
+            if n:
+                cap = min(cap, _upper_bound(a, n))
+            total += cap
+        return total
+
     def costs(self, r: _Range) -> dict[int, float]:
-        """Median step seconds of each k measured enough in range `r`."""
-        return {k: statistics.median(v) for k, v in r.seconds.items() if len(v) >= self.cfg.min_samples}
+        """Median step seconds of each k measured enough in range `r`, made non-decreasing
+        in k. A step at k+1 does a step's work at k and more (one more draft position, one
+        more token per request verified; vLLM's k=0 still runs the drafter's first pass),
+        so a k measured cheaper than a smaller one is noise: ks are measured minutes apart
+        on machines whose speed moves 10% and more. Taken at face value, a k=1 step read
+        cheaper than vLLM's k=0 made a never-accepted draft's k=1 look faster than AR at
+        64 sequences on a 2-core machine (issue 36)."""
+        medians = sorted(
+            (k, statistics.median(v)) for k, v in r.seconds.items() if len(v) >= self.cfg.min_samples
+        )
+        return dict(zip((k for k, _ in medians), _non_decreasing([c for _, c in medians])))
 
     def rates(self, r: _Range, costs: dict[int, float]) -> dict[int, float]:
         """Tokens/s of every k in range `r`: tokens per step from the acceptance measured
@@ -336,9 +394,7 @@ class AdaptiveK:
             return r.k  # acceptance at the second position still too uncertain
         if self.rate_bound(r, costs) >= off * self.cfg.ar_margin:
             return None
-        for x in self.ranges:
-            if x.steps == 0:
-                x.k = 0
+        r.verdict = 0  # and the ranges not searched since the off period follow it
         return 0
 
     def rate_bound(self, r: _Range, costs: dict[int, float]) -> float:
@@ -377,6 +433,8 @@ class AdaptiveK:
         # drafter paused at k=0 everywhere recomputes what is in flight when it resumes)
         bar = rates[0] * self.cfg.ar_margin * (self.cfg.min_gain if r.k == 0 else 1.0)
         worth = {k: rate for k, rate in rates.items() if k and rate >= bar}
+        measured = [k for k in worth if k in costs]
+        r.verdict = max(measured, key=worth.__getitem__) if measured else 0
         if not worth:
             # no k beats AR by the margin: a wash goes to AR
             return self._recheck(r, costs, rates) if r.k == 0 else 0
@@ -407,6 +465,26 @@ def _k_at(schedule: Sequence[tuple[int, int, int]] | None, batch: int, default: 
         if first <= batch <= last:
             return k
     return default
+
+
+def _non_decreasing(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest `values` in least squares (pool adjacent
+    violators: a run that falls is replaced by its mean)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
+def _upper_bound(successes: int, trials: int, z: float = 3.0) -> float:
+    """Wilson score upper bound of a success probability."""
+    p, z2 = successes / trials, z * z
+    centre = p + z2 / (2 * trials)
+    spread = z * (p * (1 - p) / trials + z2 / (4 * trials * trials)) ** 0.5
+    return min(1.0, (centre + spread) / (1 + z2 / trials))
 
 
 def _interpolate(points: Sequence[tuple[int, float]], k: int) -> float:

@@ -36,7 +36,9 @@ from specrl.zoo.build import (
     sample_rollouts,
     task_kwargs,
     zoo_root,
+    zoo_seed,
 )
+from specrl.zoo.isolated import fingerprint, run_isolated
 
 # What the default ThinkSpec adds to a built zoo on 2 idle CPU cores (measured).
 THINK_MINUTES = 13
@@ -62,7 +64,7 @@ class ThinkSpec:
 def build_think(
     root: Path | None = None,
     *,
-    seed: int = 0,
+    seed: int | None = None,
     spec: ZooSpec | None = None,
     think: ThinkSpec | None = None,
     force: bool = False,
@@ -71,6 +73,7 @@ def build_think(
     """Build (or reuse) the zoo at `root` and its RL-Think variant in `root/think`;
     returns the variant's manifest. Rebuilt whenever the zoo under it is."""
     root = root or zoo_root()
+    seed = zoo_seed() if seed is None else seed
     spec = spec or ZooSpec()
     think = think or ThinkSpec()
     console = console or Console(stderr=True)
@@ -89,8 +92,25 @@ def build_think(
             dest,
             key,
             force,
-            lambda tmp: _build(tmp, root, seed=seed, spec=spec, think=think, console=console),
+            lambda tmp: run_isolated(
+                "specrl.zoo.think:build_isolated",
+                tmp,
+                base=str(root),
+                seed=seed,
+                spec=asdict(spec),
+                think=asdict(think),
+                quiet=console.quiet,
+            ),
         )
+
+
+def build_isolated(out: Path, *, base: str, seed: int, spec: dict, think: dict, quiet: bool) -> dict:
+    """The variant's build in its child process (`isolated.run_isolated`), fingerprinted."""
+    console = Console(stderr=True, quiet=quiet)
+    manifest = _build(
+        out, Path(base), seed=seed, spec=ZooSpec(**spec), think=ThinkSpec(**think), console=console
+    )
+    return manifest | {"fingerprint": fingerprint(out, list(manifest["models"]))}
 
 
 def _build(out: Path, base: Path, *, seed: int, spec: ZooSpec, think: ThinkSpec, console: Console) -> dict:
