@@ -34,12 +34,14 @@ draft_app = typer.Typer(no_args_is_help=True, help="EAGLE-3 drafts: offline init
 verify_app = typer.Typer(no_args_is_help=True, help="Statistical checks against a running server.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON + PNG outputs).")
 simulate_app = typer.Typer(no_args_is_help=True, help="Performance model and capacity planner.")
+data_app = typer.Typer(no_args_is_help=True, help="Your own data: read it as a run will, before the run.")
 app.add_typer(zoo_app, name="zoo")
 app.add_typer(serve_app, name="serve")
 app.add_typer(draft_app, name="draft")
 app.add_typer(verify_app, name="verify")
 app.add_typer(bench_app, name="bench")
 app.add_typer(simulate_app, name="simulate")
+app.add_typer(data_app, name="data")
 
 console = Console(stderr=True)
 
@@ -264,6 +266,40 @@ def run_command(
         _fail(str(e), code=EX_TEMPFAIL)
     except (RunExists, DataError, StartupError, ValueError) as e:
         _fail(str(e))
+
+
+@data_app.command("check")
+def data_check(
+    config: Path = typer.Option(..., "--config", "-c", help="The run's YAML (specrl run's)."),
+    rows: int = typer.Option(1000, min=1, help="Rows to check, from the start of the data."),
+    set_: list[str] = typer.Option([], "--set", help="Override a field: --set data.answer_format=gsm8k."),
+) -> None:
+    """Load the data exactly as `specrl run` will: rows kept and skipped by reason, a few
+    prompts as the policy sees them with their token counts, the reference answers, and
+    each reference scored against itself. Exits 1 when fewer than 99% of the references
+    get the full reward (the answers are not read right) or no row is usable."""
+    try:
+        cfg = load_config(config, RunConfig, _overrides(set_))
+    except ConfigError as e:
+        _fail(str(e))
+    from specrl.orchestrator.data import DataError
+    from specrl.orchestrator.datacheck import check_data, policy_tokenizer, print_report
+    from specrl.orchestrator.rewards import load_reward
+
+    server = cfg.rollout.server
+    try:
+        report = check_data(
+            cfg.data,
+            policy_tokenizer(cfg.trainer.server.trainer.model),
+            load_reward(cfg.reward.fn),
+            max_prompt_tokens=server.engine.max_model_len - cfg.sampling.max_tokens,
+            rows=rows,
+        )
+    except (DataError, ValueError, OSError) as e:
+        _fail(str(e))
+    print_report(report, console)
+    if report.problem:
+        raise typer.Exit(1)
 
 
 @draft_app.command("init")

@@ -464,18 +464,48 @@ def validate(data: dict, cls: type[ConfigT], source: str, overrides: dict | None
 # -- `specrl run`: the orchestrator and the system it drives -------------------------
 
 
+class ChatConfig(StrictModel):
+    """Prompts through the policy tokenizer's own chat template (`apply_chat_template`,
+    generation prompt added): what a chat model (Qwen3-8B, ...) was tuned on. Rows whose
+    prompt is a list of {role, content} messages always go through it; plain-text rows
+    only when `enabled` (wrapped as one user message, after `data.template`)."""
+
+    enabled: bool = False
+    # prepended as a system message to rows that have none
+    system: str | None = None
+    # keyword arguments of the template, e.g. {enable_thinking: false} for Qwen3
+    template_kwargs: dict[str, str | int | float | bool] = {}
+
+
+# The data file formats read from disk (HF datasets' builders); anything else that is not
+# a path is a Hugging Face dataset id, read from the local datasets cache.
+DATA_FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
 class DataConfig(StrictModel):
     """Where prompts come from. `source: task` is the zoo's arithmetic task (generated,
-    seeded); anything else is a file of {prompt, answer} rows read with HF datasets
-    (.jsonl / .json / .parquet / .csv, e.g. DAPO-Math or GSM8K exports). Rows that lack a
-    field, have an empty prompt, or tokenize past the context are skipped and counted."""
+    seeded); a path is a file of rows read with HF datasets (.jsonl / .json / .parquet /
+    .csv: GSM8K, MATH, DAPO-Math exports as they are); anything else is a Hugging Face
+    dataset id (`openai/gsm8k`, with `subset` and `split`) read from the local datasets
+    cache. Rows that lack a field, have an empty or malformed prompt, an answer the
+    format does not find, or tokenize past the context are skipped and counted
+    (docs/data.md)."""
 
     source: str = "task"
+    subset: str | None = None  # a hub dataset's configuration (GSM8K: main)
+    split: str = "train"  # a hub dataset's split
+    # fields of a row; a dotted name reaches into nested ones (reward_model.ground_truth)
     prompt_key: str = "prompt"
     answer_key: str = "answer"
-    # Each row's prompt is this with `{prompt}` replaced by the row's text (other braces,
-    # e.g. "\\boxed{}", are kept as they are).
+    # How the answer field states the final answer: gsm8k ("... #### 72"), boxed (a
+    # MATH solution ending in \boxed{...}), plain (the answer itself); auto: the first
+    # of these that applies to the row.
+    answer_format: Literal["auto", "gsm8k", "boxed", "plain"] = "auto"
+    # Each plain-text prompt is this with `{prompt}` replaced by the row's text (other
+    # braces, e.g. "\\boxed{}", are kept as they are); then, with chat.enabled, the user
+    # message.
     template: str = Field("{prompt}", pattern=r"\{prompt\}")
+    chat: ChatConfig = ChatConfig()
     prompts_per_step: int = Field(16, ge=1)
     shuffle: bool = True
     seed: int = 0
@@ -488,12 +518,24 @@ class DataConfig(StrictModel):
     task_min_terms: int = Field(2, ge=2)
     task_max_terms: int = Field(2, ge=2)
 
+    @property
+    def kind(self) -> Literal["task", "file", "hub"]:
+        if self.source == "task":
+            return "task"
+        path = Path(self.source).expanduser()
+        looks_like_path = path.suffix.lower() in DATA_FILE_FORMATS or self.source.startswith(("/", ".", "~"))
+        return "file" if path.exists() or looks_like_path else "hub"
+
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
         if self.task_min_terms > self.task_max_terms:
             raise ValueError("data.task_min_terms must be <= task_max_terms")
-        if self.source != "task" and not Path(self.source).is_file():
-            raise ValueError(f"data.source: no such file {self.source!r} (or use 'task')")
+        if self.kind == "file" and not Path(self.source).expanduser().is_file():
+            raise ValueError(
+                f"data.source: no such file {self.source!r} (or use 'task', or a hub dataset id)"
+            )
+        if self.kind != "hub" and (self.subset is not None or self.split != "train"):
+            raise ValueError("data.subset and data.split are for a hub dataset id in data.source")
         return self
 
 

@@ -97,6 +97,11 @@ DASHBOARDS = (
                 ((rate("specrl_role_idle_seconds_total", "role"), "{{role}}"),),
                 unit="percentunit",
             ),
+            Panel(
+                "Groups without learning signal (all samples the same reward)",
+                (("specrl_step_zero_variance_groups_ratio", "share of the step's groups"),),
+                unit="percentunit",
+            ),
         ),
     ),
     Dashboard(
@@ -303,6 +308,14 @@ ALERTS = (
         "5m",
         "info",
         "Samples are dropped beyond the policy-lag bound (generated work wasted).",
+    ),
+    Alert(
+        "SpecrlNoLearningSignal",
+        "max(specrl_steps_without_signal) >= 3",
+        "0m",
+        "warning",
+        "3 or more steps in a row in which every group's samples got the same reward: GRPO learns "
+        "nothing (answers not read right, or the task too hard or too easy; `specrl data check`).",
     ),
     Alert(
         "SpecrlWeightSyncFailures",

@@ -155,9 +155,10 @@ def files() -> dict[str, str]:
 
 
 def write(root: Path = OUT) -> None:
+    generated = files()  # before anything is removed: a failed render leaves the old files
     for sub in ("base", "overlays"):
         shutil.rmtree(root / sub, ignore_errors=True)
-    for rel, text in files().items():
+    for rel, text in generated.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -35,7 +35,8 @@ def test_promtool_accepts_the_rules():
         capture_output=True,
         text=True,
     )
-    assert out.returncode == 0 and "SUCCESS: 6 rules found" in out.stdout, out.stdout + out.stderr
+    found = f"SUCCESS: {len(dashboards.ALERTS)} rules found"
+    assert out.returncode == 0 and found in out.stdout, out.stdout + out.stderr
 
 
 # alert -> (input series, eval minute, labels of the alert that must fire then); healthy
@@ -72,6 +73,12 @@ CASES = {
             ("specrl_samples_total{outcome='trained'}", "0+100x20"),
         ],
         10,
+        {},
+    ),
+    "SpecrlNoLearningSignal": (
+        # three steps in a row without signal (step lines every 2 minutes), then one with
+        [("specrl_steps_without_signal", "0 0 1 1 2 2 3 3 3 3 0 0")],
+        7,
         {},
     ),
     "SpecrlWeightSyncFailures": (

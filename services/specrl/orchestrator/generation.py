@@ -72,11 +72,13 @@ class Generators:
         timeout_s: float,
         metrics: OrchestratorMetrics | None = None,
         retry_backoff_s: float = 1.0,
+        stop_token_ids: tuple[int, ...] = (),
     ) -> None:
         self.streams = streams
         self.replicas = replicas
         self.concurrency = concurrency
         self.sampling = sampling
+        self.stop_token_ids = stop_token_ids  # the data's (PromptSource.stop_token_ids)
         self.reward_fn = reward_fn
         self.seed = seed
         self.timeout_s = timeout_s
@@ -245,6 +247,7 @@ class Generators:
                 top_k=s.top_k,
                 max_tokens=s.max_tokens,
                 stop=s.stop,
+                stop_token_ids=self.stop_token_ids,
                 seed=request_seed(self.seed, group.group_id),
             )
         except grpc.RpcError as e:

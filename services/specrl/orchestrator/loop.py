@@ -143,11 +143,13 @@ class Orchestrator:
             seed=cfg.seed,
             timeout_s=o.generate_timeout_s,
             metrics=metrics,
+            stop_token_ids=tuple(source.stop_token_ids()),
         )
         self.generators.max_version = self.version
         self._taken: list[Delivery] = []  # the batch being trained on
         self._counts: Counter[str] = Counter()  # per step: stale, stale_kept, duplicate, failed
         self._replaced = 0
+        self._no_signal_streak = 0  # consecutive steps whose every group had zero reward variance
         self._counted_kept: set[str] = set()  # stale groups kept (stale: importance), counted once
         self._t_start = time.time()
 
@@ -426,6 +428,10 @@ class Orchestrator:
             "tokens": tokens,
             "gen_tokens_per_s": tokens / t["gen"] if t["gen"] > 0 else 0.0,
             "reward_mean": statistics.fmean(s.reward for s in samples),
+            # groups whose samples all have the same reward: GRPO's advantages are 0 there,
+            # the group teaches nothing (all of them: the step learned nothing)
+            "zero_variance_groups": sum(len({s.reward for s in g.samples}) <= 1 for g in groups)
+            / max(len(groups), 1),
             "acceptance_length": 1 + sum(s.accepted_tokens for s in samples) / drafts if drafts else 1.0,
             "lag": {"min": min(lags), "max": max(lags), "mean": statistics.fmean(lags)},
             "lag_counts": {str(k): lags.count(k) for k in sorted(set(lags))},
@@ -471,6 +477,14 @@ class Orchestrator:
             "dropped": dict(d.dropped),
         }
 
+    def _observe_signal(self, zero_variance_share: float) -> None:
+        """The share of the step's groups that teach nothing, and the steps in a row in
+        which none taught anything (`SpecrlNoLearningSignal` fires at 3)."""
+        assert self.metrics is not None
+        self._no_signal_streak = self._no_signal_streak + 1 if zero_variance_share == 1.0 else 0
+        self.metrics.zero_variance_groups.set(zero_variance_share)
+        self.metrics.no_signal_steps.set(self._no_signal_streak)
+
     def _observe(self, r: dict) -> None:
         if self.metrics is None:
             return
@@ -495,6 +509,7 @@ class Orchestrator:
             x.queue_depth.labels(queue=q).set(n)
         x.replicas.set(len(r["replicas"]))
         x.reward.set(r["reward_mean"])
+        self._observe_signal(r["zero_variance_groups"])
         x.acceptance_length.set(r["acceptance_length"])
         for role, seconds in r["idle"].items():
             x.idle_seconds.labels(role=role).inc(max(seconds, 0.0))

@@ -23,7 +23,8 @@ from specrl.config import ZOO_SCHEME, CompareRun, RunConfig
 from specrl.draft.client import DraftTrainerClient
 from specrl.metrics import OrchestratorMetrics
 from specrl.orchestrator.compare import comparison, describe
-from specrl.orchestrator.data import PromptSource
+from specrl.orchestrator.data import DataError, PromptSource
+from specrl.orchestrator.datacheck import STARTUP_ROWS, check_data
 from specrl.orchestrator.discovery import discover
 from specrl.orchestrator.loop import GenerationStalled, Orchestrator, TrainerLost
 from specrl.orchestrator.report import SideBySide, write_report
@@ -74,12 +75,18 @@ class RunResult:
 
 def step_line(r: dict, steps: int) -> str:
     t = r["time"]
-    return (
+    line = (
         f"step {r['step'] + 1}/{steps}  reward {r['reward_mean']:.3f}  "
         f"accept len {r['acceptance_length']:.2f}  lag<={r['lag']['max']}  |  step {t['step']:.1f}s: "
         f"gen {t['gen']:.1f}s (exposed {t['exposed_generation']:.1f}s) logprob {t['logprob']:.1f}s "
         f"train {t['train']:.1f}s prepare {t['prepare']:.1f}s"
     )
+    if r.get("zero_variance_groups", 0.0) == 1.0:
+        line += (
+            "\n[yellow]  no learning signal: every group's samples got the same reward "
+            f"({r['reward_mean']:.3f}); `specrl data check` shows whether the answers are read right[/yellow]"
+        )
+    return line
 
 
 def _clean(run_dir: Path) -> None:
@@ -240,6 +247,14 @@ def _loop(
         status = t.status()
         version = _restore(t, run_dir / "checkpoint", status.step, console) if resume else status.step
     tok = AutoTokenizer.from_pretrained(status.model)
+    reward_fn = load_reward(cfg.reward.fn)
+    max_prompt_tokens = max_model_len - cfg.sampling.max_tokens
+    # the data read as `specrl data check` reads it: a format not understood stops the run
+    # here, not after GPU hours of zero-variance groups
+    report = check_data(cfg.data, tok, reward_fn, max_prompt_tokens=max_prompt_tokens, rows=STARTUP_ROWS)
+    console.print(report.summary())
+    if report.problem:
+        raise DataError(f"{report.problem} (`specrl data check --config ...` shows the rows)")
     earlier: list[dict] = []
     begun = streams.exists() or (run_dir / "steps.jsonl").exists()
     if resume and version == 0 and not begun:
@@ -258,7 +273,7 @@ def _loop(
     source = PromptSource(
         cfg.data,
         tok,
-        max_prompt_tokens=max_model_len - cfg.sampling.max_tokens,
+        max_prompt_tokens=max_prompt_tokens,
         position=int(streams.get_state().get("data_position", 0)),
     )
     steps = cfg.orchestrator.steps
@@ -288,7 +303,7 @@ def _loop(
             trainer=trainer,
             replicas=system.replicas,
             source=source,
-            reward_fn=load_reward(cfg.reward.fn),
+            reward_fn=reward_fn,
             metrics=registry,
             log_path=run_dir / "steps.jsonl",
             on_step=on_step,

@@ -27,6 +27,7 @@ def make_request(
     n: int = 1,
     seed: int | None = None,
     stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
     ignore_eos: bool = False,
     return_text: bool = True,
 ) -> pb.GenerateRequest:
@@ -37,6 +38,7 @@ def make_request(
         max_tokens=max_tokens,
         n=n,
         stop=list(stop),
+        stop_token_ids=list(stop_token_ids),
         ignore_eos=ignore_eos,
     )
     if seed is not None:

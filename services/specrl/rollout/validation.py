@@ -32,7 +32,7 @@ class Limits:
     max_n: int | None = None  # the engine's own limit on samples per prompt
 
 
-def parse_sampling(s: pb.SamplingParams) -> Sampling:
+def parse_sampling(s: pb.SamplingParams, vocab_size: int) -> Sampling:
     temperature = s.temperature if s.HasField("temperature") else 1.0
     if not (0.0 <= temperature <= MAX_TEMPERATURE):
         raise RequestError("sampling.temperature", f"must be in [0, {MAX_TEMPERATURE:g}], got {temperature}")
@@ -50,6 +50,8 @@ def parse_sampling(s: pb.SamplingParams) -> Sampling:
         raise RequestError("sampling.n", f"must be >= 1, got {n}")
     if any(not stop for stop in s.stop):
         raise RequestError("sampling.stop", "stop strings must be non-empty")
+    if bad := [t for t in s.stop_token_ids if not 0 <= t < vocab_size]:
+        raise RequestError("sampling.stop_token_ids", f"{bad} outside the vocabulary [0, {vocab_size})")
     return Sampling(
         temperature=temperature,
         top_p=top_p,
@@ -59,6 +61,7 @@ def parse_sampling(s: pb.SamplingParams) -> Sampling:
         seed=s.seed if s.HasField("seed") else None,
         stop=tuple(s.stop),
         ignore_eos=s.ignore_eos,
+        stop_token_ids=tuple(s.stop_token_ids),
     )
 
 
@@ -102,7 +105,7 @@ def parse_prompts(
 def parse_request(
     req: pb.GenerateRequest, tokenize: Callable[[str], list[int]], limits: Limits
 ) -> tuple[list[list[int]], Sampling]:
-    sampling = parse_sampling(req.sampling)
+    sampling = parse_sampling(req.sampling, limits.vocab_size)
     prompts = parse_prompts(list(req.prompts), tokenize, limits)
     if limits.max_n is not None and sampling.n > limits.max_n:
         raise RequestError(

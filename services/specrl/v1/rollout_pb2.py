@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specrl/v1/rollout.proto\x12\tspecrl.v1\"0\n\x06KRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x05\x12\x0c\n\x04last\x18\x02 \x01(\x05\x12\t\n\x01k\x18\x03 \x01(\x05\">\n\x15SetSpeculationRequest\x12%\n\nk_schedule\x18\x01 \x03(\x0b\x32\x11.specrl.v1.KRange\"c\n\x10SpeculationState\x12%\n\nk_schedule\x18\x01 \x03(\x0b\x32\x11.specrl.v1.KRange\x12\x10\n\x08\x61\x64\x61ptive\x18\x02 \x01(\x08\x12\x16\n\x0e\x64rafter_paused\x18\x03 \x01(\x08\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"K\n\x06Prompt\x12\x0e\n\x04text\x18\x01 \x01(\x0cH\x00\x12(\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x13.specrl.v1.TokenIdsH\x00\x42\x07\n\x05input\"\xf2\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x0e\n\x01n\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\r\n\x0b_max_tokensB\x04\n\x02_nB\x07\n\x05_seed\"\xa0\x01\n\x0fGenerateRequest\x12\"\n\x07prompts\x18\x01 \x03(\x0b\x32\x11.specrl.v1.Prompt\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.specrl.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x18\n\x0breturn_text\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x0e\n\x0c_return_text\"\x8a\x01\n\x0f\x41\x63\x63\x65ptanceStats\x12\x0e\n\x06\x64rafts\x18\x01 \x01(\x03\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x03\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x04 \x03(\x03\x12\x19\n\x11\x61\x63\x63\x65ptance_length\x18\x05 \x01(\x01\"\x8d\x02\n\x06Sample\x12\x14\n\x0cprompt_index\x18\x01 \x01(\x05\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x0c\n\x04text\x18\x05 \x01(\t\x12.\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x17.specrl.v1.FinishReason\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x03\x12\x15\n\rdraft_version\x18\x08 \x01(\x03\x12.\n\nacceptance\x18\t \x01(\x0b\x32\x1a.specrl.v1.AcceptanceStats\x12\x15\n\rprompt_tokens\x18\n \x01(\x05\"G\n\x10GenerateResponse\x12\"\n\x07samples\x18\x01 \x03(\x0b\x32\x11.specrl.v1.Sample\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\x12\n\x10GetStatusRequest\"\xf4\x03\n\rRolloutStatus\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x16\n\x0e\x65ngine_version\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12speculation_method\x18\x04 \x01(\t\x12\x1e\n\x16num_speculative_tokens\x18\x05 \x01(\x05\x12\x13\n\x0b\x64raft_model\x18\x06 \x01(\t\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x03\x12\x15\n\rdraft_version\x18\x08 \x01(\x03\x12\x18\n\x10self_test_passed\x18\t \x01(\x08\x12\x19\n\x11self_test_p_value\x18\n \x01(\x01\x12\x18\n\x10self_test_detail\x18\x0b \x01(\t\x12\x1a\n\x12requests_in_flight\x18\x0c \x01(\x05\x12\x15\n\rmax_model_len\x18\r \x01(\x05\x12\x12\n\nvocab_size\x18\x0e \x01(\x05\x12\x16\n\x0e\x65ngine_patches\x18\x0f \x03(\t\x12\x1b\n\x13weight_sync_workers\x18\x10 \x01(\x05\x12/\n\x0bweight_sync\x18\x11 \x01(\x0b\x32\x1a.specrl.v1.WeightSyncState\x12\x30\n\x0bspeculation\x18\x12 \x01(\x0b\x32\x1b.specrl.v1.SpeculationState\"\xc1\x01\n\x16JoinWeightGroupRequest\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.specrl.v1.WeightKind\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nstore_host\x18\x03 \x01(\t\x12\x12\n\nstore_port\x18\x04 \x01(\x05\x12\x13\n\x0brank_offset\x18\x05 \x01(\x05\x12\x12\n\nworld_size\x18\x06 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x11\n\ttimeout_s\x18\x08 \x01(\x01\"(\n\x17JoinWeightGroupResponse\x12\r\n\x05ranks\x18\x01 \x03(\x05\"h\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x04 \x01(\x05\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0e\n\x06nbytes\x18\x06 \x01(\x03\"N\n\x0eWeightManifest\x12&\n\x07tensors\x18\x01 \x03(\x0b\x32\x15.specrl.v1.TensorSpec\x12\x14\n\x0c\x62ucket_bytes\x18\x02 \x03(\x03\"\xb4\x01\n\x18\x42\x65ginWeightUpdateRequest\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.specrl.v1.WeightKind\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12+\n\x08manifest\x18\x04 \x01(\x0b\x32\x19.specrl.v1.WeightManifest\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x0e\n\x06rewind\x18\x06 \x01(\x08\"Q\n\x19\x43ommitWeightUpdateRequest\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.specrl.v1.WeightKind\x12\x0f\n\x07version\x18\x02 \x01(\x03\"`\n\x18\x41\x62ortWeightUpdateRequest\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.specrl.v1.WeightKind\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xad\x02\n\x0fWeightSyncState\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x15\n\rdraft_version\x18\x02 \x01(\x03\x12\x1c\n\x14\x64raft_policy_version\x18\x03 \x01(\x03\x12\r\n\x05ready\x18\x04 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\r\n\x05state\x18\x06 \x01(\t\x12\x14\n\x0cpolicy_epoch\x18\x07 \x01(\x03\x12\x13\n\x0b\x64raft_epoch\x18\x08 \x01(\x03\x12\x14\n\x0clast_seconds\x18\t \x01(\x01\x12\x12\n\nlast_bytes\x18\n \x01(\x03\x12\x14\n\x0cpending_kind\x18\x0b \x01(\t\x12\x19\n\x11last_load_seconds\x18\x0c \x01(\x01\x12\x19\n\x11last_wait_seconds\x18\r \x01(\x01*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03*X\n\nWeightKind\x12\x1b\n\x17WEIGHT_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12WEIGHT_KIND_POLICY\x10\x01\x12\x15\n\x11WEIGHT_KIND_DRAFT\x10\x02\x32\x8b\x05\n\x0eRolloutService\x12\x43\n\x08Generate\x12\x1a.specrl.v1.GenerateRequest\x1a\x1b.specrl.v1.GenerateResponse\x12\x41\n\x0eGenerateStream\x12\x1a.specrl.v1.GenerateRequest\x1a\x11.specrl.v1.Sample0\x01\x12\x42\n\tGetStatus\x12\x1b.specrl.v1.GetStatusRequest\x1a\x18.specrl.v1.RolloutStatus\x12X\n\x0fJoinWeightGroup\x12!.specrl.v1.JoinWeightGroupRequest\x1a\".specrl.v1.JoinWeightGroupResponse\x12T\n\x11\x42\x65ginWeightUpdate\x12#.specrl.v1.BeginWeightUpdateRequest\x1a\x1a.specrl.v1.WeightSyncState\x12V\n\x12\x43ommitWeightUpdate\x12$.specrl.v1.CommitWeightUpdateRequest\x1a\x1a.specrl.v1.WeightSyncState\x12T\n\x11\x41\x62ortWeightUpdate\x12#.specrl.v1.AbortWeightUpdateRequest\x1a\x1a.specrl.v1.WeightSyncState\x12O\n\x0eSetSpeculation\x12 .specrl.v1.SetSpeculationRequest\x1a\x1b.specrl.v1.SpeculationStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specrl/v1/rollout.proto\x12\tspecrl.v1\"0\n\x06KRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x05\x12\x0c\n\x04last\x18\x02 \x01(\x05\x12\t\n\x01k\x18\x03 \x01(\x05\">\n\x15SetSpeculationRequest\x12%\n\nk_schedule\x18\x01 \x03(\x0b\x32\x11.specrl.v1.KRange\"c\n\x10SpeculationState\x12%\n\nk_schedule\x18\x01 \x03(\x0b\x32\x11.specrl.v1.KRange\x12\x10\n\x08\x61\x64\x61ptive\x18\x02 \x01(\x08\x12\x16\n\x0e\x64rafter_paused\x18\x03 \x01(\x08\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"K\n\x06Prompt\x12\x0e\n\x04text\x18\x01 \x01(\x0cH\x00\x12(\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x13.specrl.v1.TokenIdsH\x00\x42\x07\n\x05input\"\x8a\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x0e\n\x01n\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x16\n\x0estop_token_ids\x18\t \x03(\x05\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\r\n\x0b_max_tokensB\x04\n\x02_nB\x07\n\x05_seed\"\xa0\x01\n\x0fGenerateRequest\x12\"\n\x07prompts\x18\x01 \x03(\x0b\x32\x11.specrl.v1.Prompt\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.specrl.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x18\n\x0breturn_text\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x0e\n\x0c_return_text\"\x8a\x01\n\x0f\x41\x63\x63\x65ptanceStats\x12\x0e\n\x06\x64rafts\x18\x01 \x01(\x03\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x03\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x04 \x03(\x03\x12\x19\n\x11\x61\x63\x63\x65ptance_length\x18\x05 \x01(\x01\"\x8d\x02\n\x06Sample\x12\x14\n\x0cprompt_index\x18\x01 \x01(\x05\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x0c\n\x04text\x18\x05 \x01(\t\x12.\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x17.specrl.v1.FinishReason\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x03\x12\x15\n\rdraft_version\x18\x08 \x01(\x03\x12.\n\nacceptance\x18\t \x01(\x0b\x32\x1a.specrl.v1.AcceptanceStats\x12\x15\n\rprompt_tokens\x18\n \x01(\x05\"G\n\x10GenerateResponse\x12\"\n\x07samples\x18\x01 \x03(\x0b\x32\x11.specrl.v1.Sample\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\x12\n\x10GetStatusRequest\"\xf4\x03\n\rRolloutStatus\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x16\n\x0e\x65ngine_version\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12speculation_method\x18\x04 \x01(\t\x12\x1e\n\x16num_speculative_tokens\x18\x05 \x01(\x05\x12\x13\n\x0b\x64raft_model\x18\x06 \x01(\t\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x03\x12\x15\n\rdraft_version\x18\x08 \x01(\x03\x12\x18\n\x10self_test_passed\x18\t \x01(\x08\x12\x19\n\x11self_test_p_value\x18\n \x01(\x01\x12\x18\n\x10self_test_detail\x18\x0b \x01(\t\x12\x1a\n\x12requests_in_flight\x18\x0c \x01(\x05\x12\x15\n\rmax_model_len\x18\r \x01(\x05\x12\x12\n\nvocab_size\x18\x0e \x01(\x05\x12\x16\n\x0e\x65ngine_patches\x18\x0f \x03(\t\x12\x1b\n\x13weight_sync_workers\x18\x10 \x01(\x05\x12/\n\x0bweight_sync\x18\x11 \x01(\x0b\x32\x1a.specrl.v1.WeightSyncState\x12\x30\n\x0bspeculation\x18\x12 \x01(\x0b\x32\x1b.specrl.v1.SpeculationState\"\xc1\x01\n\x16JoinWeightGroupRequest\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.specrl.v1.WeightKind\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nstore_host\x18\x03 \x01(\t\x12\x12\n\nstore_port\x18\x04 \x01(\x05\x12\x13\n\x0brank_offset\x18\x05 \x01(\x05\x12\x12\n\nworld_size\x18\x06 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x11\n\ttimeout_s\x18\x08 \x01(\x01\"(\n\x17JoinWeightGroupResponse\x12\r\n\x05ranks\x18\x01 \x03(\x05\"h\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x04 \x01(\x05\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0e\n\x06nbytes\x18\x06 \x01(\x03\"N\n\x0eWeightManifest\x12&\n\x07tensors\x18\x01 \x03(\x0b\x32\x15.specrl.v1.TensorSpec\x12\x14\n\x0c\x62ucket_bytes\x18\x02 \x03(\x03\"\xb4\x01\n\x18\x42\x65ginWeightUpdateRequest\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.specrl.v1.WeightKind\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12+\n\x08manifest\x18\x04 \x01(\x0b\x32\x19.specrl.v1.WeightManifest\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x0e\n\x06rewind\x18\x06 \x01(\x08\"Q\n\x19\x43ommitWeightUpdateRequest\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.specrl.v1.WeightKind\x12\x0f\n\x07version\x18\x02 \x01(\x03\"`\n\x18\x41\x62ortWeightUpdateRequest\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.specrl.v1.WeightKind\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xad\x02\n\x0fWeightSyncState\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x15\n\rdraft_version\x18\x02 \x01(\x03\x12\x1c\n\x14\x64raft_policy_version\x18\x03 \x01(\x03\x12\r\n\x05ready\x18\x04 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\r\n\x05state\x18\x06 \x01(\t\x12\x14\n\x0cpolicy_epoch\x18\x07 \x01(\x03\x12\x13\n\x0b\x64raft_epoch\x18\x08 \x01(\x03\x12\x14\n\x0clast_seconds\x18\t \x01(\x01\x12\x12\n\nlast_bytes\x18\n \x01(\x03\x12\x14\n\x0cpending_kind\x18\x0b \x01(\t\x12\x19\n\x11last_load_seconds\x18\x0c \x01(\x01\x12\x19\n\x11last_wait_seconds\x18\r \x01(\x01*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03*X\n\nWeightKind\x12\x1b\n\x17WEIGHT_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12WEIGHT_KIND_POLICY\x10\x01\x12\x15\n\x11WEIGHT_KIND_DRAFT\x10\x02\x32\x8b\x05\n\x0eRolloutService\x12\x43\n\x08Generate\x12\x1a.specrl.v1.GenerateRequest\x1a\x1b.specrl.v1.GenerateResponse\x12\x41\n\x0eGenerateStream\x12\x1a.specrl.v1.GenerateRequest\x1a\x11.specrl.v1.Sample0\x01\x12\x42\n\tGetStatus\x12\x1b.specrl.v1.GetStatusRequest\x1a\x18.specrl.v1.RolloutStatus\x12X\n\x0fJoinWeightGroup\x12!.specrl.v1.JoinWeightGroupRequest\x1a\".specrl.v1.JoinWeightGroupResponse\x12T\n\x11\x42\x65ginWeightUpdate\x12#.specrl.v1.BeginWeightUpdateRequest\x1a\x1a.specrl.v1.WeightSyncState\x12V\n\x12\x43ommitWeightUpdate\x12$.specrl.v1.CommitWeightUpdateRequest\x1a\x1a.specrl.v1.WeightSyncState\x12T\n\x11\x41\x62ortWeightUpdate\x12#.specrl.v1.AbortWeightUpdateRequest\x1a\x1a.specrl.v1.WeightSyncState\x12O\n\x0eSetSpeculation\x12 .specrl.v1.SetSpeculationRequest\x1a\x1b.specrl.v1.SpeculationStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specrl.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2864
-  _globals['_FINISHREASON']._serialized_end=2984
-  _globals['_WEIGHTKIND']._serialized_start=2986
-  _globals['_WEIGHTKIND']._serialized_end=3074
+  _globals['_FINISHREASON']._serialized_start=2888
+  _globals['_FINISHREASON']._serialized_end=3008
+  _globals['_WEIGHTKIND']._serialized_start=3010
+  _globals['_WEIGHTKIND']._serialized_end=3098
   _globals['_KRANGE']._serialized_start=38
   _globals['_KRANGE']._serialized_end=86
   _globals['_SETSPECULATIONREQUEST']._serialized_start=88
@@ -46,35 +46,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROMPT']._serialized_start=278
   _globals['_PROMPT']._serialized_end=353
   _globals['_SAMPLINGPARAMS']._serialized_start=356
-  _globals['_SAMPLINGPARAMS']._serialized_end=598
-  _globals['_GENERATEREQUEST']._serialized_start=601
-  _globals['_GENERATEREQUEST']._serialized_end=761
-  _globals['_ACCEPTANCESTATS']._serialized_start=764
-  _globals['_ACCEPTANCESTATS']._serialized_end=902
-  _globals['_SAMPLE']._serialized_start=905
-  _globals['_SAMPLE']._serialized_end=1174
-  _globals['_GENERATERESPONSE']._serialized_start=1176
-  _globals['_GENERATERESPONSE']._serialized_end=1247
-  _globals['_GETSTATUSREQUEST']._serialized_start=1249
-  _globals['_GETSTATUSREQUEST']._serialized_end=1267
-  _globals['_ROLLOUTSTATUS']._serialized_start=1270
-  _globals['_ROLLOUTSTATUS']._serialized_end=1770
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=1773
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=1966
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=1968
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=2008
-  _globals['_TENSORSPEC']._serialized_start=2010
-  _globals['_TENSORSPEC']._serialized_end=2114
-  _globals['_WEIGHTMANIFEST']._serialized_start=2116
-  _globals['_WEIGHTMANIFEST']._serialized_end=2194
-  _globals['_BEGINWEIGHTUPDATEREQUEST']._serialized_start=2197
-  _globals['_BEGINWEIGHTUPDATEREQUEST']._serialized_end=2377
-  _globals['_COMMITWEIGHTUPDATEREQUEST']._serialized_start=2379
-  _globals['_COMMITWEIGHTUPDATEREQUEST']._serialized_end=2460
-  _globals['_ABORTWEIGHTUPDATEREQUEST']._serialized_start=2462
-  _globals['_ABORTWEIGHTUPDATEREQUEST']._serialized_end=2558
-  _globals['_WEIGHTSYNCSTATE']._serialized_start=2561
-  _globals['_WEIGHTSYNCSTATE']._serialized_end=2862
-  _globals['_ROLLOUTSERVICE']._serialized_start=3077
-  _globals['_ROLLOUTSERVICE']._serialized_end=3728
+  _globals['_SAMPLINGPARAMS']._serialized_end=622
+  _globals['_GENERATEREQUEST']._serialized_start=625
+  _globals['_GENERATEREQUEST']._serialized_end=785
+  _globals['_ACCEPTANCESTATS']._serialized_start=788
+  _globals['_ACCEPTANCESTATS']._serialized_end=926
+  _globals['_SAMPLE']._serialized_start=929
+  _globals['_SAMPLE']._serialized_end=1198
+  _globals['_GENERATERESPONSE']._serialized_start=1200
+  _globals['_GENERATERESPONSE']._serialized_end=1271
+  _globals['_GETSTATUSREQUEST']._serialized_start=1273
+  _globals['_GETSTATUSREQUEST']._serialized_end=1291
+  _globals['_ROLLOUTSTATUS']._serialized_start=1294
+  _globals['_ROLLOUTSTATUS']._serialized_end=1794
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=1797
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=1990
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=1992
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=2032
+  _globals['_TENSORSPEC']._serialized_start=2034
+  _globals['_TENSORSPEC']._serialized_end=2138
+  _globals['_WEIGHTMANIFEST']._serialized_start=2140
+  _globals['_WEIGHTMANIFEST']._serialized_end=2218
+  _globals['_BEGINWEIGHTUPDATEREQUEST']._serialized_start=2221
+  _globals['_BEGINWEIGHTUPDATEREQUEST']._serialized_end=2401
+  _globals['_COMMITWEIGHTUPDATEREQUEST']._serialized_start=2403
+  _globals['_COMMITWEIGHTUPDATEREQUEST']._serialized_end=2484
+  _globals['_ABORTWEIGHTUPDATEREQUEST']._serialized_start=2486
+  _globals['_ABORTWEIGHTUPDATEREQUEST']._serialized_end=2582
+  _globals['_WEIGHTSYNCSTATE']._serialized_start=2585
+  _globals['_WEIGHTSYNCSTATE']._serialized_end=2886
+  _globals['_ROLLOUTSERVICE']._serialized_start=3101
+  _globals['_ROLLOUTSERVICE']._serialized_end=3752
 # @@protoc_insertion_point(module_scope)

@@ -12,6 +12,16 @@ from pathlib import Path
 
 EOS_TOKEN = "<|endoftext|>"
 UNK_TOKEN = "<|unk|>"
+# A chat template of the ChatML kind Qwen3 uses, so that the chat path (data.chat, rows of
+# messages, the end-of-turn stop token) runs for real on the zoo; `enable_thinking: false`
+# opens the answer with an empty reasoning block, as Qwen3's template does.
+TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
 VOCAB_SIZE = 128  # model vocab; the tokenizer fills it with reserved tokens
 
 _CHARS = ["\n", *[chr(c) for c in range(32, 127)]]
@@ -19,7 +29,7 @@ _CHARS = ["\n", *[chr(c) for c in range(32, 127)]]
 
 def vocabulary() -> dict[str, int]:
     """Token -> id for every id in [0, VOCAB_SIZE)."""
-    tokens = [EOS_TOKEN, UNK_TOKEN, *_CHARS]
+    tokens = [EOS_TOKEN, UNK_TOKEN, *_CHARS, TURN_START, TURN_END]
     tokens += [f"<|reserved_{i}|>" for i in range(VOCAB_SIZE - len(tokens))]
     return {t: i for i, t in enumerate(tokens)}
 
@@ -42,5 +52,6 @@ def build(out_dir: Path) -> None:
         unk_token=UNK_TOKEN,
         model_max_length=512,
         clean_up_tokenization_spaces=False,
+        chat_template=CHAT_TEMPLATE,
     )
     fast.save_pretrained(str(out_dir))

@@ -25,6 +25,7 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,7 @@ class VllmEngine:
             max_tokens=sampling.max_tokens,
             seed=sampling.seed,
             stop=list(sampling.stop) or None,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
             ignore_eos=sampling.ignore_eos,
             logprobs=0,
             output_kind=RequestOutputKind.DELTA,
