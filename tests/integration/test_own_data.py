@@ -67,5 +67,6 @@ def test_a_gsm8k_format_file_of_the_zoo_task_trains_as_the_task_source_does(zoo,
     task_rewards = [r["reward_mean"] for r in runs["task"]]
     assert [r["group_ids"] for r in runs["gsm8k"]] == [r["group_ids"] for r in runs["task"]]
     file_rewards = [r["reward_mean"] for r in runs["gsm8k"]]
+    print("reward per step:", [round(r, 3) for r in file_rewards])
     assert file_rewards == task_rewards, (file_rewards, task_rewards)
     assert sum(file_rewards) > 0, "the references are read: completions earn reward"
