@@ -8,6 +8,7 @@ file whose tail is shown if it dies before becoming ready.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -48,11 +49,41 @@ def _parent_death_signal() -> Callable[[], None] | None:
 die_with_parent = _parent_death_signal()
 
 
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (for a child that cannot bind port 0 itself)."""
-    with socket.socket() as s:
+    """A port that was free a moment ago, for a child that cannot bind port 0 itself.
+
+    Taken below the kernel's ephemeral range, which port 0 binds and outgoing connections
+    draw from: between this call and the child's bind, a vLLM engine's dozen ZMQ sockets,
+    gloo's stores or any connection could take an ephemeral port (a chart test's
+    orchestrator once found its metrics port taken: "Address already in use"). Never the
+    same port twice from one process."""
+    low = _ephemeral_range()[0]
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 16384), low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # the range below is crowded: an ephemeral port, as before
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 class ServiceProcess:

@@ -257,7 +257,7 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
 
     proc = _k_schedule_server(servers)
     prompt = task.take(1, seed=11, split="test", **ZOO_TASK)[0].prompt
-    tokens = 448  # ~2-3 s paused on this machine: the resume at 0.5 s lands mid-request
+    tokens = 448  # ~2-3 s paused here; the resume is timed from this machine's own speed
     with RolloutClient(proc.address) as c:
         state = c.set_k_schedule([(1, 64, 0), (65, 128, 1)])  # k=0 for one sequence
         assert not state.drafter_paused and not c.status().speculation.drafter_paused
@@ -271,15 +271,21 @@ def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_req
         assert "specrl_rollout_drafter_paused 1.0" in metrics_text(proc)
 
         greedy = {"n": 1, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
-        # a request already done would draft nothing whatever the resume does: the test's
-        # premise, not the engine, failed then (once in a full run the resume returned
-        # only after the request; paused afresh and tried again, up to three times)
+        # the resume must land mid-request: a quarter into it, as long as a whole paused
+        # request takes on this machine (a fixed 0.5 s would come after the end on a CPU
+        # five times this one's speed). A request already done would draft nothing
+        # whatever the resume does: the test's premise, not the engine, failed then (once
+        # in a full run the resume returned only after the request; paused afresh and
+        # tried again, up to three times)
+        t0 = time.monotonic()
+        c.generate([prompt], **greedy)
+        quarter = (time.monotonic() - t0) / 4
         for _ in range(3):
             c.set_k_schedule([(1, 128, 0)])
             with ThreadPoolExecutor(1) as pool:
                 t0 = time.monotonic()
                 started = pool.submit(c.generate, [prompt], **greedy)
-                time.sleep(0.5)
+                time.sleep(quarter)
                 state = c.set_k_schedule([(1, 128, 1)])
                 in_flight, resumed_at = not started.done(), time.monotonic() - t0
                 resumed = started.result(timeout=120).samples[0]
