@@ -70,3 +70,23 @@ def test_a_gsm8k_format_file_of_the_zoo_task_trains_as_the_task_source_does(zoo,
     print("reward per step:", [round(r, 3) for r in file_rewards])
     assert file_rewards == task_rewards, (file_rewards, task_rewards)
     assert sum(file_rewards) > 0, "the references are read: completions earn reward"
+
+
+def test_a_run_on_answers_it_cannot_read_refuses_to_start(zoo, servers, tmp_path):
+    """The same GSM8K-format file with its answers taken whole (`answer_format: plain`, the
+    old behaviour): `specrl run` checks the data before its first step and refuses, with
+    the data check's message, instead of training on all-zero rewards."""
+    from specrl.orchestrator.data import DataError
+
+    servers.close()
+    problems = list(task.take(32, seed=0, split="train", **task_kwargs(ZooSpec())))
+    cfg = tiny_run_config(tmp_path, steps=2)
+    cfg["data"] = {
+        "source": _gsm8k_file(tmp_path / "gsm8k.jsonl", problems),
+        "prompt_key": "question",
+        "template": "Q: {prompt}\nA:",
+        "answer_format": "plain",
+    }
+    with pytest.raises(DataError, match="only 0 of 32 references score full reward"):
+        run(RunConfig.model_validate(cfg), console=Console(quiet=True), metrics=False)
+    assert not (tmp_path / "t" / "steps.jsonl").exists()
