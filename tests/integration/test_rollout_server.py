@@ -245,63 +245,6 @@ def _k_schedule_server(servers):
     return servers.get(cfg)
 
 
-def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_requests(servers):
-    """With k=0 at every batch size the engine skips the drafter altogether (vLLM would
-    still run it each step to keep its KV cache current): samples are the ones k=0 with
-    the drafter running gives, token for token (same seed). Resuming while a sequence is
-    in flight (the engine preempts it for vLLM to recompute): it drafts after the resume
-    and ends with exactly the tokens of a run never paused (greedy, so comparable across
-    k). That the recompute restores draft acceptance is vLLM's preemption path, not
-    measured here (greedy tokens would match with a stale draft cache too)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    proc = _k_schedule_server(servers)
-    prompt = task.take(1, seed=11, split="test", **ZOO_TASK)[0].prompt
-    tokens = 448  # ~2-3 s paused here; the resume is timed from this machine's own speed
-    with RolloutClient(proc.address) as c:
-        state = c.set_k_schedule([(1, 64, 0), (65, 128, 1)])  # k=0 for one sequence
-        assert not state.drafter_paused and not c.status().speculation.drafter_paused
-        running = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0]
-        state = c.set_k_schedule([(1, 128, 0)])
-        assert state.drafter_paused and c.status().speculation.drafter_paused
-        paused = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0]
-        assert paused.acceptance.drafts == running.acceptance.drafts == 0
-        assert list(paused.token_ids) == list(running.token_ids)
-        assert list(paused.logprobs) == pytest.approx(list(running.logprobs), abs=1e-4)
-        assert "specrl_rollout_drafter_paused 1.0" in metrics_text(proc)
-
-        greedy = {"n": 1, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
-        # the resume must land mid-request: a quarter into it, as long as a whole paused
-        # request takes on this machine (a fixed 0.5 s would come after the end on a CPU
-        # five times this one's speed). A request already done would draft nothing
-        # whatever the resume does: the test's premise, not the engine, failed then (once
-        # in a full run the resume returned only after the request; paused afresh and
-        # tried again, up to three times)
-        t0 = time.monotonic()
-        c.generate([prompt], **greedy)
-        quarter = (time.monotonic() - t0) / 4
-        for _ in range(3):
-            c.set_k_schedule([(1, 128, 0)])
-            with ThreadPoolExecutor(1) as pool:
-                t0 = time.monotonic()
-                started = pool.submit(c.generate, [prompt], **greedy)
-                time.sleep(quarter)
-                state = c.set_k_schedule([(1, 128, 1)])
-                in_flight, resumed_at = not started.done(), time.monotonic() - t0
-                resumed = started.result(timeout=120).samples[0]
-            if in_flight:
-                break
-        took = time.monotonic() - t0
-        assert in_flight, f"the {tokens}-token request ended before the resume ({took:.2f} s)"
-        assert not state.drafter_paused and not c.status().speculation.drafter_paused
-        assert "specrl_rollout_drafter_paused 0.0" in metrics_text(proc)
-        # paused, then drafting
-        assert 0 < resumed.acceptance.drafts < tokens - 1, (resumed.acceptance, resumed_at, took)
-        never_paused = c.generate([prompt], **greedy).samples[0]
-        assert never_paused.acceptance.drafts >= tokens // 2
-        assert list(resumed.token_ids) == list(never_paused.token_ids)
-
-
 @pytest.fixture(scope="module")
 def unsure_target(tmp_path_factory) -> str:
     """The zoo target's shape and tokenizer with random weights: unsure of every next
@@ -374,6 +317,66 @@ def test_a_seeded_prompt_prefilled_over_two_steps_samples_what_it_samples_in_one
     for (whole, whole_lp), (split, split_lp) in zip(sampled[None], sampled[256], strict=True):
         assert split == whole
         assert split_lp == pytest.approx(whole_lp, abs=1e-4)
+
+
+def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_requests(servers):
+    """With k=0 at every batch size the engine skips the drafter altogether (vLLM would
+    still run it each step to keep its KV cache current): samples are the ones k=0 with
+    the drafter running gives, token for token (same seed). Resuming while a sequence is
+    in flight (the engine preempts it for vLLM to recompute): it drafts after the resume
+    and ends with exactly the tokens of a run never paused (greedy, so comparable across
+    k). That the recompute restores draft acceptance is vLLM's preemption path, not
+    measured here (greedy tokens would match with a stale draft cache too)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc = _k_schedule_server(servers)
+    prompt = task.take(1, seed=11, split="test", **ZOO_TASK)[0].prompt
+    tokens = 448  # ~2-3 s paused here; the resume is timed from this machine's own speed
+    with RolloutClient(proc.address) as c:
+        state = c.set_k_schedule([(1, 64, 0), (65, 128, 1)])  # k=0 for one sequence
+        assert not state.drafter_paused and not c.status().speculation.drafter_paused
+        running = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0]
+        state = c.set_k_schedule([(1, 128, 0)])
+        assert state.drafter_paused and c.status().speculation.drafter_paused
+        paused = c.generate([prompt], n=1, max_tokens=32, seed=1).samples[0]
+        assert paused.acceptance.drafts == running.acceptance.drafts == 0
+        assert list(paused.token_ids) == list(running.token_ids)
+        assert list(paused.logprobs) == pytest.approx(list(running.logprobs), abs=1e-4)
+        assert "specrl_rollout_drafter_paused 1.0" in metrics_text(proc)
+
+        greedy = {"n": 1, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
+        # the resume must land mid-request: a quarter into it, as long as a whole paused
+        # request takes on this machine (a fixed 0.5 s would come after the end on a CPU
+        # five times this one's speed). A request already done would draft nothing
+        # whatever the resume does: the test's premise, not the engine, failed then (once
+        # in a full run the resume returned only after the request; paused afresh and
+        # tried again, up to three times)
+        t0 = time.monotonic()
+        c.generate([prompt], **greedy)
+        quarter = (time.monotonic() - t0) / 4
+        for _ in range(3):
+            c.set_k_schedule([(1, 128, 0)])
+            with ThreadPoolExecutor(1) as pool:
+                t0 = time.monotonic()
+                started = pool.submit(c.generate, [prompt], **greedy)
+                time.sleep(quarter)
+                state = c.set_k_schedule([(1, 128, 1)])
+                in_flight, resumed_at = not started.done(), time.monotonic() - t0
+                resumed = started.result(timeout=120).samples[0]
+            if in_flight:
+                break
+        took = time.monotonic() - t0
+        assert in_flight, (
+            f"the {tokens}-token request ended ({took:.2f} s) before the resume returned "
+            f"({resumed_at:.2f} s; asked at {quarter:.2f} s)"
+        )
+        assert not state.drafter_paused and not c.status().speculation.drafter_paused
+        assert "specrl_rollout_drafter_paused 0.0" in metrics_text(proc)
+        # paused, then drafting
+        assert 0 < resumed.acceptance.drafts < tokens - 1, (resumed.acceptance, resumed_at, took)
+        never_paused = c.generate([prompt], **greedy).samples[0]
+        assert never_paused.acceptance.drafts >= tokens // 2
+        assert list(resumed.token_ids) == list(never_paused.token_ids)
 
 
 def _adaptive_server(servers, draft: str, **adaptive):
