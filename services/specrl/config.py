@@ -7,14 +7,30 @@ be silently ignored), and a validation error names the offending field.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pkgutil
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from specrl.speculation import MAX_SPECULATIVE_TOKENS, Method, has_draft_model
 
 ZOO_SCHEME = "zoo:"
+# Completion tokens per sample in RL runs and draft init unless a config says otherwise
+# (the rollout server's own default, for bare requests, is the engines' DEFAULT_MAX_TOKENS).
+MAX_COMPLETION_TOKENS = 48
 
 
 def specrl_home() -> Path:
@@ -33,10 +49,6 @@ def resolve_model_path(ref: str) -> str:
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-SpeculationMethod = Literal["none", "eagle3", "draft_model", "ngram"]
-MAX_SPECULATIVE_TOKENS = 16
 
 
 class AdaptiveSpeculationConfig(StrictModel):
@@ -65,8 +77,7 @@ class AdaptiveSpeculationConfig(StrictModel):
     recheck_margin: float = Field(1.2, ge=1.0, le=3.0)
     # speculation is kept only when estimated this much faster than AR (a wash goes to
     # AR): the estimate is the engine's own cycle time, which does not see everything
-    # (on 2 CPU cores it rated the generic head's k=1 ~10% faster than its k=0 while that
-    # server ran at 0.78-0.94x an AR server; docs/benchmarks.md)
+    # (per-request and frontend work; docs/draft.md)
     ar_margin: float = Field(1.10, ge=1.0, le=3.0)
     # speculation already on stays on at a probe when estimated this much faster than the
     # paused engine (at most ar_margin, which turning it back on takes): a draft near
@@ -75,7 +86,7 @@ class AdaptiveSpeculationConfig(StrictModel):
     keep_margin: float = Field(1.05, ge=1.0, le=3.0)
     # acceptance per draft position is estimated over this many recent drafts there: many
     # requests, since acceptance differs from prompt to prompt and a short window chases
-    # it (docs/benchmarks.md "Acceptance that differs by prompt")
+    # it (docs/draft.md)
     acceptance_window: int = Field(4096, ge=8)
     # drafts verified at the last position, by any batch range, before a range leaves its
     # largest-k anchor (for at most refresh_steps / 8 steps); and at the second position
@@ -99,7 +110,7 @@ class SpeculationConfig(StrictModel):
     """Which speculative decoding the engine runs. `draft` is a model reference (path or
     zoo:NAME) for eagle3 and draft_model, and must be absent otherwise."""
 
-    method: SpeculationMethod = "none"
+    method: Method = "none"
     num_speculative_tokens: int = Field(3, ge=1, le=MAX_SPECULATIVE_TOKENS)
     draft: str | None = None
     # n-gram lookup window over the prompt + output so far (method ngram only).
@@ -117,7 +128,7 @@ class SpeculationConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> SpeculationConfig:
-        needs_draft = self.method in ("eagle3", "draft_model")
+        needs_draft = has_draft_model(self.method)
         if needs_draft and not self.draft:
             raise ValueError(f"speculation.draft is required for method {self.method!r}")
         if not needs_draft and self.draft:
@@ -157,28 +168,20 @@ class SpeculationConfig(StrictModel):
         return self.num_speculative_tokens if self.enabled else 0
 
 
-class EngineConfig(StrictModel):
-    """The generation engine (vLLM) and the target model it serves."""
+class BaseEngineConfig(StrictModel):
+    """What every generation engine is told: the target model it serves, its limits, and
+    how one replica spans GPUs and machines. Each engine's config adds its own."""
 
-    kind: Literal["vllm"] = "vllm"
+    kind: str  # which engine: each engine's config narrows it to its own name
     model: str = "zoo:target"
     max_model_len: int = Field(512, ge=16)
+    # most sequences in one engine step (the adaptive controller's largest batch size)
     max_num_seqs: int = Field(128, ge=1)
-    # tokens one engine step processes, prompt chunks included: a longer prefill (one long
-    # prompt, many prompts at once) is split over steps; smaller keeps decode steps short
-    # while prompts arrive. None: vLLM's default (2048 on CPU); at least max_num_seqs
-    max_num_batched_tokens: int | None = Field(None, ge=1)
-    # KV cache size in GiB; None sizes it by gpu_memory_utilization instead (on CPU that
-    # is a fraction of the node's RAM, which fails when several engines share a machine).
-    kv_cache_gib: float | None = Field(1.0, gt=0)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
     seed: int = 0
     tensor_parallel_size: int = Field(1, ge=1)
-    # One replica across several machines (pods; a LeaderWorkerSet in deploy/helm):
-    # vLLM's multi-node executor with the tensor-parallel ranks split evenly over
+    # One replica across several machines (pods; a LeaderWorkerSet in deploy/helm): the
+    # engine's multi-node executor with the tensor-parallel ranks split evenly over
     # `nnodes`. Node 0 is `specrl serve rollout`, every other node `specrl serve
     # rollout-worker --node-rank N`, all with this config. `master_addr` is node 0's
     # address (None: $LWS_LEADER_ADDRESS, which a LeaderWorkerSet sets, else this
@@ -190,23 +193,9 @@ class EngineConfig(StrictModel):
     # long (a LeaderWorkerSet recreates the whole group anyway; on a plain machine the
     # worker process must end by itself).
     leader_grace_s: float = Field(30.0, gt=0)
-    # CPU engines only (vLLM's VLLM_CPU_OMP_THREADS_BIND): "auto" binds the engine's
-    # compute threads to the first free cores, which is core 0 for *every* engine on the
-    # machine, so engines sharing a machine must be given distinct cores, e.g. "1" or
-    # "2-3" ("|" separates tensor-parallel ranks); "nobind" leaves placement to the OS.
-    cpu_threads_bind: str = Field("auto", pattern=r"^(auto|nobind|[0-9,\-|]+)$")
 
     @model_validator(mode="after")
-    def _step_budget(self) -> EngineConfig:
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
-                f"({self.max_num_seqs}): every sequence in a step takes a token"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _nodes(self) -> EngineConfig:
+    def _nodes(self) -> BaseEngineConfig:
         if self.tensor_parallel_size % self.nnodes:
             raise ValueError(
                 f"tensor_parallel_size ({self.tensor_parallel_size}) must split evenly over nnodes "
@@ -218,6 +207,50 @@ class EngineConfig(StrictModel):
     def leader(self) -> str:
         """Node 0's address for the engine's rendezvous."""
         return self.master_addr or os.environ.get("LWS_LEADER_ADDRESS") or "127.0.0.1"
+
+
+class VllmEngineConfig(BaseEngineConfig):
+    """vLLM (rollout/engines/vllm/) and its own options."""
+
+    kind: Literal["vllm"] = "vllm"
+    # tokens one engine step processes, prompt chunks included: a longer prefill (one long
+    # prompt, many prompts at once) is split over steps; smaller keeps decode steps short
+    # while prompts arrive. None: vLLM's default (2048 on CPU); at least max_num_seqs
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    # KV cache size in GiB; None sizes it by gpu_memory_utilization instead (on CPU that
+    # is a fraction of the node's RAM, which fails when several engines share a machine).
+    kv_cache_gib: float | None = Field(1.0, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    # CPU engines only (vLLM's VLLM_CPU_OMP_THREADS_BIND): "auto" binds the engine's
+    # compute threads to the first free cores, which is core 0 for *every* engine on the
+    # machine, so engines sharing a machine must be given distinct cores, e.g. "1" or
+    # "2-3" ("|" separates tensor-parallel ranks); "nobind" leaves placement to the OS.
+    cpu_threads_bind: str = Field("auto", pattern=r"^(auto|nobind|[0-9,\-|]+)$")
+
+    @model_validator(mode="after")
+    def _step_budget(self) -> VllmEngineConfig:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
+                f"({self.max_num_seqs}): every sequence in a step takes a token"
+            )
+        return self
+
+
+def _engine_kind(value: object) -> object:
+    """The `kind` of an engine config, vLLM's where it has none: every config written
+    before there was a second engine to choose means vLLM."""
+    if isinstance(value, dict):
+        return value.get("kind", "vllm")
+    return getattr(value, "kind", None)
+
+
+# The generation engine and the target model it serves, by `kind` (rollout/engines/: one
+# subpackage and one config class per engine). Another engine joins the union as
+# `| Annotated[<Kind>EngineConfig, Tag("<kind>")]`.
+EngineConfig = Annotated[Annotated[VllmEngineConfig, Tag("vllm")], Discriminator(_engine_kind)]
 
 
 class SelfTestConfig(StrictModel):
@@ -258,7 +291,7 @@ class WeightSenderConfig(StrictModel):
     port: int = Field(0, ge=0, le=65535)  # 0 picks a free port
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
     # Smaller buckets pipeline better (the receiver loads bucket i while bucket i+1 is on
-    # the wire); see docs/benchmarks.md for the measurement behind the default.
+    # the wire).
     bucket_mb: float = Field(64.0, gt=0)
     # Cast floating tensors to this dtype before sending (None: as they are).
     send_dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -273,7 +306,7 @@ class RolloutServerConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535)  # 0 picks a free port
     metrics_port: int | None = Field(None, ge=0, le=65535)
-    engine: EngineConfig = EngineConfig()
+    engine: EngineConfig = VllmEngineConfig()
     speculation: SpeculationConfig = SpeculationConfig()
     self_test: SelfTestConfig = SelfTestConfig()
     # Versions reported with every sample until weight sync updates them.
@@ -327,7 +360,7 @@ class CaptureConfig(StrictModel):
 
     enabled: bool = False
     # EAGLE-3 aux layer ids; None: the default for the target's depth (must equal the
-    # draft config's and the engine's, see specrl.draft.aux_layers).
+    # draft config's and the engine's, see specrl.features).
     aux_layer_ids: tuple[int, ...] | None = None
     # Share of completion tokens that carry a draft-training signal (the rest still give
     # context to the head's attention).
@@ -354,6 +387,12 @@ class DraftTrainingConfig(StrictModel):
     holdout_batches: int = Field(8, ge=1)
 
 
+def loss_module(name: str) -> str:
+    """The module that defines `trainer.loss` NAME: specrl.trainer.losses.NAME for a plain
+    name, the module path itself for a dotted one (a loss kept outside specrl)."""
+    return name if "." in name else f"specrl.trainer.losses.{name}"
+
+
 class TrainerConfig(StrictModel):
     """The policy trainer (one process per rank; torchrun-compatible env vars)."""
 
@@ -363,9 +402,27 @@ class TrainerConfig(StrictModel):
     dp: int = Field(1, ge=1)
     micro_batch_size: int = Field(8, ge=1)
     seed: int = 0
+    # The policy-gradient objective: one module per loss (docs/trainer.md, "Losses").
+    # `grpo`; a dotted module path selects a loss defined outside specrl. Its
+    # hyperparameters are `grpo`'s.
+    loss: str = "grpo"
     grpo: GRPOConfig = GRPOConfig()
     optim: OptimConfig = OptimConfig()
     capture: CaptureConfig = CaptureConfig()
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_exists(cls, name: str) -> str:
+        """Looked up without importing it (the loss needs torch; this config must not)."""
+        try:
+            found = importlib.util.find_spec(loss_module(name)) is not None
+        except (ModuleNotFoundError, ValueError):  # a dotted name whose package is missing
+            found = False
+        if not found:
+            package = importlib.util.find_spec("specrl.trainer.losses")
+            names = sorted(m.name for m in pkgutil.iter_modules(package.submodule_search_locations))
+            raise ValueError(f"no loss {name!r}: built-in losses are {names}, or give a module path")
+        return name
 
 
 class TrainerServerConfig(StrictModel):
@@ -442,6 +499,24 @@ def load_config(path: str | Path, cls: type[ConfigT], overrides: dict | None = N
     return validate(data, cls, str(path), overrides)
 
 
+def _field_path(cls: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """An error's location as the file's keys: pydantic puts a discriminated union's tag
+    in it (`engine.vllm.model`, the engine's kind), which the file has no key for."""
+    parts: list[str] = []
+    node: object = cls
+    tag_next = False
+    for item in loc:
+        if tag_next:
+            tag_next = False
+            continue
+        parts.append(str(item))
+        fields = node.model_fields if isinstance(node, type) and issubclass(node, BaseModel) else {}
+        field = fields.get(str(item))
+        node = field.annotation if field else None
+        tag_next = field is not None and any(isinstance(m, Discriminator) for m in field.metadata)
+    return ".".join(parts)
+
+
 def validate(data: dict, cls: type[ConfigT], source: str, overrides: dict | None = None) -> ConfigT:
     """`data` with dotted-key `overrides` applied, validated into `cls`; ConfigError
     names `source` and every bad field."""
@@ -456,7 +531,7 @@ def validate(data: dict, cls: type[ConfigT], source: str, overrides: dict | None
     except ValidationError as e:
         lines = [f"{source}: invalid {cls.__name__}:"]
         for err in e.errors():
-            where = ".".join(str(x) for x in err["loc"]) or "(top level)"
+            where = _field_path(cls, err["loc"]) or "(top level)"
             lines.append(f"  {where}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from None
 
@@ -546,12 +621,12 @@ class SamplingConfig(StrictModel):
     temperature: float = Field(1.0, gt=0, le=2)  # vLLM's bound
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
-    max_tokens: int = Field(48, ge=1)
+    max_tokens: int = Field(MAX_COMPLETION_TOKENS, ge=1)
     stop: tuple[str, ...] = ()
 
 
 class RewardConfig(StrictModel):
-    """`math`: exact final answer (specrl.orchestrator.rewards); or `module:function`
+    """`math`: exact final answer (specrl.data.rewards); or `module:function`
     taking (completion: str, answer: str) and returning a float."""
 
     fn: str = Field("math", pattern=r"^(math|[\w.]+:\w+)$")
@@ -788,6 +863,14 @@ class RunConfig(StrictModel):
     def run_dir(self) -> Path:
         return Path(self.output_dir.format(name=self.name))
 
+    def local_models(self) -> list[str]:
+        """The model references the services `specrl run` starts itself will load."""
+        server = self.rollout.server
+        refs = [] if self.rollout.elsewhere else [server.engine.model, server.speculation.draft]
+        if self.trainer.address is None:
+            refs.append(self.trainer.server.trainer.model)
+        return [r for r in refs if r]
+
 
 class DraftInitConfig(StrictModel):
     """`specrl draft init`: offline (in-domain) initialization of an EAGLE-3 draft from
@@ -799,7 +882,7 @@ class DraftInitConfig(StrictModel):
     data: DataConfig = DataConfig()
     prompts: int = Field(512, ge=2)
     samples_per_prompt: int = Field(1, ge=1)
-    max_tokens: int = Field(48, ge=1)
+    max_tokens: int = Field(MAX_COMPLETION_TOKENS, ge=1)
     temperature: float = Field(1.0, ge=0)
     # An EAGLE-3 draft to continue from; None: a fresh head shaped after the target, its
     # norm and output layer copied from the target's.

@@ -23,10 +23,10 @@ DEMO_CONFIG = {
 
 
 def run_demo(console: Console) -> int:
+    from specrl.data import task
     from specrl.launcher import ServiceProcess
-    from specrl.rollout.client import RolloutClient
+    from specrl.rollout.api import RolloutClient
     from specrl.stats.lossless import verify_server
-    from specrl.zoo import task
     from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs, zoo_root
 
     t0 = time.perf_counter()

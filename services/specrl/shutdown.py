@@ -43,9 +43,8 @@ def exit_now(code: int = 0) -> NoReturn:
     threads while anything still holds the groups (after it and a gc, the world group's
     refcount was still 14 in a TP=2 trainer process). Nothing Python would run at
     exit is needed by then: callers finish their output first."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # a process that never loaded torch has no group
+    if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     logging.shutdown()
     sys.stdout.flush()

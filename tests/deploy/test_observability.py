@@ -13,15 +13,15 @@ import pytest
 import yaml
 from test_helm_chart import by_kind, render
 
-from specrl import dashboards
+from deploygen import dashboards
+
+from helpers import tool
 
 ROOT = dashboards.ROOT
 
 
 def _promtool() -> str:
-    found = shutil.which("promtool")
-    assert found, "promtool not found: `make setup` installs prometheus (apt-get)"
-    return found
+    return tool("promtool", installs="`make setup`: apt-get prometheus")
 
 
 def test_the_generated_files_are_current():

@@ -25,7 +25,7 @@ BATCH, BATCHES = 32, 40
 def _task_sequences(root: Path, tok) -> tuple[list[list[int]], list[list[int]]]:
     """The zoo's target rollouts after their prompts (regenerated as the build drew them),
     with the completion positions marked as [L-1] prediction masks."""
-    from specrl.zoo import task
+    from specrl.data import task
     from specrl.zoo.build import ZooSpec, task_kwargs
 
     spec = ZooSpec()

@@ -15,10 +15,10 @@ import sys
 
 import pytest
 
-from specrl.rollout.client import RolloutClient
-from specrl.zoo import task
+from specrl.data import task
+from specrl.rollout.api import RolloutClient
 
-from conftest import server_config
+from helpers import server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 

@@ -23,15 +23,14 @@ import torch
 import yaml
 
 from specrl.config import CaptureConfig, DraftTrainerServerConfig, TrainerServerConfig
-from specrl.draft.client import DraftTrainerClient
+from specrl.draft.api import DraftTrainerClient
 from specrl.draft.eagle3 import Eagle3Head
 from specrl.draft.service import DraftConfigError, DraftTrainerCore, load_head
 from specrl.launcher import ServiceProcess, start_all
-from specrl.trainer.batch import Rollout
+from specrl.trainer.api import Rollout, TrainerClient
 from specrl.trainer.capture import Capturer
-from specrl.trainer.client import TrainerClient
 
-from conftest import system_run
+from helpers import system_run
 
 pytestmark = [pytest.mark.zoo]
 
@@ -85,7 +84,7 @@ def _zoo_rollouts(n: int) -> list[Rollout]:
     from transformers import AutoTokenizer
 
     from specrl.config import resolve_model_path
-    from specrl.zoo import task
+    from specrl.data import task
     from specrl.zoo.build import ZooSpec, task_kwargs
 
     root = Path(resolve_model_path("zoo:"))

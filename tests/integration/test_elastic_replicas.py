@@ -19,7 +19,7 @@ from specrl.config import RolloutServerConfig, TrainerServerConfig
 from specrl.launcher import ServiceProcess
 from specrl.queue.redis_server import RedisServer
 
-from conftest import tiny_run_config, wait_for
+from helpers import tiny_run_config, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 STEPS = 10

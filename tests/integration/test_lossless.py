@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from specrl.rollout.client import RolloutClient
+from specrl.rollout.api import RolloutClient
 from specrl.stats.exact import goodness_of_fit, processed_probs
 from specrl.stats.lossless import PROBE_PROMPT, SETTINGS, check_samples, continuation_distribution
 
-from conftest import metrics_text, server_config
+from helpers import metrics_text, server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 

@@ -19,7 +19,7 @@ from test_weightsync import Reference, max_logprob_gap
 
 from specrl.config import RolloutServerConfig, WeightSenderConfig, resolve_model_path
 from specrl.launcher import ServiceProcess, free_port
-from specrl.rollout.client import RolloutClient
+from specrl.rollout.api import RolloutClient
 from specrl.weightsync.sender import WeightSender
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]

@@ -20,16 +20,16 @@ import pytest
 from rich.console import Console
 
 from specrl.config import RunConfig, SamplingConfig
+from specrl.data.rewards import math_reward
 from specrl.orchestrator.generation import Generators
 from specrl.orchestrator.loop import ADDITIVE
-from specrl.orchestrator.rewards import math_reward
 from specrl.orchestrator.run import run
 from specrl.orchestrator.system import System
 from specrl.queue.streams import PromptGroup, RunStreams
-from specrl.rollout.client import RolloutClient
-from specrl.trainer.client import TrainerClient
+from specrl.rollout.api import RolloutClient
+from specrl.trainer.api import TrainerClient
 
-from conftest import tiny_run_config, wait_for
+from helpers import tiny_run_config, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(1200)]
 

@@ -10,12 +10,12 @@ import pytest
 from rich.console import Console
 
 from specrl.config import RunConfig
-from specrl.orchestrator.data import PromptSource
+from specrl.data import task
+from specrl.data.sources import PromptSource
 from specrl.orchestrator.run import run
-from specrl.zoo import task
 from specrl.zoo.build import ZooSpec, task_kwargs
 
-from conftest import tiny_run_config
+from helpers import tiny_run_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(1200)]
 
@@ -76,7 +76,7 @@ def test_a_run_on_answers_it_cannot_read_refuses_to_start(zoo, servers, tmp_path
     """The same GSM8K-format file with its answers taken whole (`answer_format: plain`, the
     old behaviour): `specrl run` checks the data before its first step and refuses, with
     the data check's message, instead of training on all-zero rewards."""
-    from specrl.orchestrator.data import DataError
+    from specrl.data.sources import DataError
 
     servers.close()
     problems = list(task.take(32, seed=0, split="train", **task_kwargs(ZooSpec())))

@@ -30,7 +30,7 @@ import yaml
 
 from specrl.trainer import checkpoint
 
-from conftest import http_json, tiny_run_config, wait_for
+from helpers import http_json, tiny_run_config, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(1500)]
 

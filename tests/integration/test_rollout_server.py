@@ -8,12 +8,12 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from specrl.rollout.client import RolloutClient
+from specrl.data import task
+from specrl.rollout.api import RolloutClient
 from specrl.v1 import rollout_pb2 as pb
-from specrl.zoo import task
 from specrl.zoo.build import ZooSpec, task_kwargs
 
-from conftest import metrics_text, random_weights, server_config
+from helpers import metrics_text, random_weights, server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on
@@ -261,7 +261,7 @@ def test_chat_prompts_reach_vllm_and_samples_stop_at_the_end_of_turn(servers, un
     from transformers import AutoTokenizer
 
     from specrl.config import DataConfig
-    from specrl.orchestrator.data import PromptSource
+    from specrl.data.sources import PromptSource
 
     model = unsure_target
     tok = AutoTokenizer.from_pretrained(model)
@@ -298,7 +298,7 @@ def test_a_seeded_prompt_prefilled_over_two_steps_samples_what_it_samples_in_one
     generator for it: a CPU generator cannot rewind, and the engine core died on the first
     seeded such request (a long prompt, or many requests recomputed at once after a
     preemption or a drafter resume). specrl restores the generator's state instead
-    (vllm_patches.fix_cpu_seeded_partial_prefill), so the discarded token takes none of
+    (engines/vllm/patches.py: fix_cpu_seeded_partial_prefill), so the discarded token takes none of
     the request's randomness: the seeded samples are token for token those of an engine
     that prefills the prompt in one step. The target is the zoo target's shape with
     random weights: unsure of every next token, so each draw from the request's

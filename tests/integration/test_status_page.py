@@ -12,7 +12,7 @@ import pytest
 
 from specrl.orchestrator.status import StatusPage
 
-from conftest import ARTIFACTS, browser, http_json, wait_for
+from helpers import ARTIFACTS, browser, http_json, wait_for
 
 TOKEN = "t0ken"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from specrl.stats.lossless import detectable_reward_difference, reward_difference_p
+from specrl.stats.runs import detectable_reward_difference, reward_difference_p
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(1200)]
 

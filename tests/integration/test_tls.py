@@ -10,7 +10,7 @@ import pytest
 
 from specrl import grpc_options, serving
 
-from conftest import make_certificates, tls_env
+from helpers import make_certificates, tls_env
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ import grpc
 import pytest
 
 from specrl.config import TrainerServerConfig, resolve_model_path
+from specrl.data import task
 from specrl.launcher import ServiceProcess
-from specrl.rollout.client import RolloutClient
+from specrl.rollout.api import RolloutClient
 from specrl.v1 import trainer_pb2 as pb
 from specrl.v1 import trainer_pb2_grpc as pb_grpc
-from specrl.zoo import task
 
-from conftest import server_config
+from helpers import server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 

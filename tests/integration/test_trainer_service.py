@@ -17,11 +17,12 @@ import torch
 from specrl.config import TrainerConfig, TrainerServerConfig
 from specrl.launcher import ServiceProcess
 from specrl.trainer.batch import collate
-from specrl.trainer.policy import Policy
+from specrl.trainer.logprobs import logprobs
+from specrl.trainer.state import TrainState
 from specrl.v1 import trainer_pb2 as pb
 from specrl.v1 import trainer_pb2_grpc as pb_grpc
 
-from conftest import tiny_qwen3, tiny_rollouts
+from helpers import tiny_qwen3, tiny_rollouts
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -73,9 +74,9 @@ def test_logprobs_match_a_single_process_policy_and_report_mismatch(trainer):
     resp = stub.ComputeLogprobs(
         pb.ComputeLogprobsRequest(samples=[_sample(r) for r in rollouts]), timeout=120
     )
-    local = Policy(TrainerConfig.model_validate({"model": str(model)}))
+    local = TrainState.build(TrainerConfig.model_validate({"model": str(model)}))
     batch = collate(rollouts, local.vocab_size)
-    want = local.logprobs(batch)
+    want = logprobs(local, batch)
     for i, (r, got) in enumerate(zip(rollouts, resp.completions)):
         assert len(got.logprobs) == len(r.completion_ids)
         torch.testing.assert_close(
@@ -98,7 +99,7 @@ def test_train_steps_inline_and_by_reference(trainer, tmp_path):
         timeout=120,
     )
     assert resp.step == 1 and resp.metrics.tokens == sum(len(r.completion_ids) for r in rollouts)
-    assert resp.metrics.grad_norm > 0 and resp.metrics.mismatch.tokens == resp.metrics.tokens
+    assert resp.metrics.stats["grad_norm"] > 0 and resp.metrics.mismatch.tokens == resp.metrics.tokens
     ref = tmp_path / "batch.jsonl"
     ref.write_text(
         "\n".join(
@@ -130,12 +131,12 @@ def test_captured_features_stream_out_as_the_policy_computed_them(trainer):
     initial model gives."""
     from transformers import AutoModelForCausalLM
 
-    from specrl.draft.aux_layers import gather_aux_hidden_states
-    from specrl.trainer.client import TrainerClient
+    from specrl.features import Captured, gather_aux_hidden_states
+    from specrl.trainer.api import TrainerClient
 
     ranks, _, model = trainer
     with TrainerClient(ranks[0].address) as client:
-        batches = list(client.captures(max_batches=4))
+        batches = [Captured.from_message(m) for m in client.captures(max_batches=4)]
     rows = [
         c.input_ids[i][c.attention_mask[i].bool()].tolist() for c in batches for i in range(len(c.input_ids))
     ]

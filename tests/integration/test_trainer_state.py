@@ -11,9 +11,10 @@ import torch
 from specrl.config import TrainerConfig
 from specrl.trainer import checkpoint
 from specrl.trainer.batch import collate
-from specrl.trainer.policy import Policy
+from specrl.trainer.state import TrainState
+from specrl.trainer.step import train_step
 
-from conftest import tiny_qwen3, tiny_rollouts
+from helpers import tiny_qwen3, tiny_rollouts
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +33,11 @@ def test_capture_leaves_gradients_bit_identical_and_captures_the_right_layers(mo
     from transformers import AutoModelForCausalLM
 
     batch = collate(tiny_rollouts(), 64)
-    plain = Policy(_config(model_dir))
+    plain = TrainState.build(_config(model_dir))
     capture_cfg = {"enabled": True, "aux_layer_ids": [0, 1], "token_fraction": 0.5, "topk": 4}
-    captured = Policy(_config(model_dir, capture=capture_cfg))
-    m_plain = plain.train_step(batch, group_size=4)
-    m_cap = captured.train_step(batch, group_size=4)
+    captured = TrainState.build(_config(model_dir, capture=capture_cfg))
+    m_plain = train_step(plain, batch, group_size=4)
+    m_cap = train_step(captured, batch, group_size=4)
     timings = {"logprob_seconds": 0.0, "train_seconds": 0.0}
     assert dataclasses.replace(m_plain, **timings) == dataclasses.replace(m_cap, **timings)
     for (name, a), (_, b) in zip(plain.model.named_parameters(), captured.model.named_parameters()):
@@ -69,18 +70,18 @@ def test_checkpoint_resume_reproduces_the_next_step_exactly(model_dir, tmp_path)
 
     first = collate(tiny_rollouts(seed=1), 64)
     second = collate(tiny_rollouts(seed=2), 64)
-    a = Policy(_config(model_dir))
-    a.train_step(first, group_size=4)
+    a = TrainState.build(_config(model_dir))
+    train_step(a, first, group_size=4)
     saved = a.full_state()
     checkpoint.save(a, tmp_path / "ckpt")
     torch.rand(7)  # RNG drift after saving must not matter
-    want = a.train_step(second, group_size=4)
+    want = train_step(a, second, group_size=4)
 
-    b = Policy(_config(model_dir))  # a fresh trainer, as after a restart
+    b = TrainState.build(_config(model_dir))  # a fresh trainer, as after a restart
     meta = checkpoint.load(b, tmp_path / "ckpt")
     assert meta["step"] == 1 and b.step_count == 1
-    got = b.train_step(second, group_size=4)
-    assert got.loss == want.loss and got.grad_norm == want.grad_norm
+    got = train_step(b, second, group_size=4)
+    assert got.stats == want.stats
     for (name, x), (_, y) in zip(a.model.named_parameters(), b.model.named_parameters()):
         assert torch.equal(x, y), name
 
@@ -91,24 +92,24 @@ def test_checkpoint_resume_reproduces_the_next_step_exactly(model_dir, tmp_path)
 
 def test_load_refuses_a_directory_that_is_not_a_checkpoint(model_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="not a specrl trainer checkpoint"):
-        checkpoint.load(Policy(_config(model_dir)), tmp_path)
+        checkpoint.load(TrainState.build(_config(model_dir)), tmp_path)
 
 
 def test_a_save_killed_midway_leaves_the_previous_checkpoint_loadable(model_dir, tmp_path):
-    a = Policy(_config(model_dir))
-    a.train_step(collate(tiny_rollouts(seed=1), 64), group_size=4)
+    a = TrainState.build(_config(model_dir))
+    train_step(a, collate(tiny_rollouts(seed=1), 64), group_size=4)
     ckpt = tmp_path / "ckpt"
     checkpoint.save(a, ckpt)
-    a.train_step(collate(tiny_rollouts(seed=2), 64), group_size=4)
+    train_step(a, collate(tiny_rollouts(seed=2), 64), group_size=4)
     checkpoint.save(a, ckpt)  # replaces the first: step 2
     assert not ckpt.with_name("ckpt.partial").exists() and not ckpt.with_name("ckpt.old").exists()
 
     # killed while writing: a partial directory without meta.json is ignored
     (ckpt.with_name("ckpt.partial") / "state").mkdir(parents=True)
-    assert checkpoint.load(Policy(_config(model_dir)), ckpt)["step"] == 2
+    assert checkpoint.load(TrainState.build(_config(model_dir)), ckpt)["step"] == 2
     # killed between the two renames: the previous checkpoint is found beside
     ckpt.rename(ckpt.with_name("ckpt.old"))
-    assert checkpoint.load(Policy(_config(model_dir)), ckpt)["step"] == 2
+    assert checkpoint.load(TrainState.build(_config(model_dir)), ckpt)["step"] == 2
     # and the next save cleans both up
     checkpoint.save(a, ckpt)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

@@ -18,16 +18,16 @@ from grpc_health.v1 import health_pb2
 from safetensors.torch import load_file
 
 from specrl.config import RolloutServerConfig, WeightSenderConfig, resolve_model_path
+from specrl.data import task
 from specrl.launcher import ServiceProcess, start_all
-from specrl.rollout.client import RolloutClient
+from specrl.rollout.api import RolloutClient
 from specrl.v1 import rollout_pb2 as pb
 from specrl.weightsync.manifest import plan
 from specrl.weightsync.sender import WeightSender
 from specrl.weightsync.wire import manifest_to_proto
-from specrl.zoo import task
 from specrl.zoo.build import ZooSpec, task_kwargs
 
-from conftest import metrics_text, random_like, wait_for
+from helpers import metrics_text, random_like, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on

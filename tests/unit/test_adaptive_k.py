@@ -290,13 +290,13 @@ def test_config_errors():
 
 
 def test_k0_everywhere_stops_the_engine_cores_per_step_draft_fetch():
-    """vllm_control.set_k_schedule on the engine core's attributes, with vLLM's own lookup
+    """engines/vllm/control.py's set_k_schedule on the engine core's attributes, with vLLM's own lookup
     builder. The engine core is a stand-in object here (a real one needs a whole engine);
     on real engines test_rollout_server.py's schedule tests show drafting resuming after
     k=0 everywhere, which needs the fetch back on."""
     from types import SimpleNamespace
 
-    from specrl.rollout.engines.vllm_control import set_k_schedule
+    from specrl.rollout.engines.vllm.control import set_k_schedule
 
     scheduler = SimpleNamespace(
         dynamic_sd_lookup=[3] * 9, scheduler_config=SimpleNamespace(max_num_seqs=8), num_spec_tokens=3

@@ -5,6 +5,7 @@ from specrl.config import (
     DraftTrainerServerConfig,
     RolloutServerConfig,
     TrainerServerConfig,
+    VllmEngineConfig,
     load_config,
     resolve_model_path,
 )
@@ -37,12 +38,22 @@ def test_defaults_and_overrides(tmp_path):
         ("speculation: {method: ngram, num_speculative_tokens: 3, k_schedule: [[1, 4, 5]]}", "k=5 outside"),
         ("speculation: {k_schedule: [[1, 4, 0]]}", "needs a speculation method"),
         ("engine: {max_num_seqs: 64, max_num_batched_tokens: 32}", "at least max_num_seqs"),
+        ("engine: {kind: vllm, max_model_len: 8}", "engine.max_model_len"),
+        ("engine: {kind: sglang}", "expected tags: 'vllm'"),
     ],
 )
 def test_bad_configs_name_the_field(tmp_path, text, field):
     with pytest.raises(ConfigError) as e:
         load_config(write(tmp_path, text), RolloutServerConfig)
     assert field in str(e.value)
+
+
+def test_an_engine_config_without_a_kind_is_vllms(tmp_path):
+    """`engine` is a union tagged by `kind`; configs written before it had a second
+    member name no kind and load as they did."""
+    cfg = load_config(write(tmp_path, "engine: {model: m, kv_cache_gib: 0.5}"), RolloutServerConfig)
+    assert cfg.engine == VllmEngineConfig(model="m", kv_cache_gib=0.5)
+    assert RolloutServerConfig().engine.kind == "vllm"
 
 
 def test_missing_and_malformed_files(tmp_path):

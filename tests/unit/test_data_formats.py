@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from specrl.config import DataConfig
-from specrl.orchestrator.data import DataError, PromptSource, end_of_turn_ids
-from specrl.orchestrator.datacheck import check_data
-from specrl.orchestrator.rewards import math_reward, reference_answer
+from specrl.data.check import check_data
+from specrl.data.rewards import math_reward, reference_answer
+from specrl.data.sources import DataError, PromptSource, end_of_turn_ids
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from specrl.config import DraftTrainingConfig
-from specrl.draft.aux_layers import gather_aux_hidden_states
 from specrl.draft.eagle3 import Eagle3Config, Eagle3Head
 from specrl.draft.online import DraftInputError, OnlineDraftTrainer, acceptance_length
-from specrl.trainer.capture import Captured
+from specrl.features import Captured, gather_aux_hidden_states
 
 V, H, AUX = 12, 16, (2, 3, 4)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specrl.draft.aux_layers import default_aux_layer_ids, gather_aux_hidden_states, validate_aux_layer_ids
 from specrl.draft.eagle3 import Eagle3Config, Eagle3Head, _rope, ttt_loss
+from specrl.features import default_aux_layer_ids, gather_aux_hidden_states, validate_aux_layer_ids
 
 CFG = Eagle3Config(
     hidden_size=32,
@@ -183,7 +183,7 @@ def test_a_head_fitted_on_a_bf16_target_trains_in_float32(tmp_path):
 
     from specrl.draft.offline import capture, evaluate_head
 
-    from conftest import tiny_qwen3
+    from helpers import tiny_qwen3
 
     tiny_qwen3(tmp_path, layers=8)
     target = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()

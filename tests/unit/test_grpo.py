@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specrl.config import GRPOConfig
-from specrl.trainer.grpo import group_advantages, grpo_token_loss
+from specrl.trainer.losses.grpo import group_advantages, grpo_token_loss
 
 
 def reference_loss(logp, old, adv, mask, *, eps_low, eps_high, kl_coef=0.0, ref=None, rollout=None, cap=None):
@@ -55,15 +55,15 @@ def _t(x):
     ],
 )
 def test_loss_matches_reference(adv, cfg):
-    parts = grpo_token_loss(
+    out = grpo_token_loss(
         _t(LOGP), _t(OLD), _t(adv), _t(MASK), cfg, ref_logprobs=_t(REF), rollout_logprobs=_t(ROLL)
     )
     want = reference_loss(
         LOGP, OLD, adv, MASK, eps_low=cfg.eps_low, eps_high=cfg.eps_high, kl_coef=cfg.kl_coef,
         ref=REF, rollout=ROLL, cap=cfg.is_cap,
     )  # fmt: skip
-    assert (parts.loss / parts.tokens).item() == pytest.approx(want, rel=1e-12)
-    assert parts.tokens.item() == 6
+    assert out.loss.item() / 6 == pytest.approx(want, rel=1e-12)  # 6 masked tokens
+    assert sorted(out.stats) == ["clip_fraction", "is_weight", "kl", "pg_loss"]
 
 
 def test_masked_positions_do_not_matter():
@@ -87,18 +87,18 @@ def test_gradient_raises_good_tokens_and_lowers_bad_ones():
 def test_clipped_tokens_get_no_gradient_and_are_counted():
     # ratio e^1 > 1 + eps_high with positive advantage: clipped, so no gradient
     logp = _t([[0.0, -1.0]]).requires_grad_()
-    parts = grpo_token_loss(logp, _t([[-1.0, -1.0]]), _t([1.0]), _t([[1, 1]]), GRPOConfig())
-    parts.loss.backward()
+    out = grpo_token_loss(logp, _t([[-1.0, -1.0]]), _t([1.0]), _t([[1, 1]]), GRPOConfig())
+    out.loss.backward()
     assert logp.grad[0, 0] == 0 and logp.grad[0, 1] != 0
-    assert parts.clipped.item() == 1
+    assert out.stats["clip_fraction"] == 1  # a token sum: the step divides by the tokens
 
 
 def test_kl_is_zero_at_the_reference_and_positive_elsewhere():
     cfg = GRPOConfig(kl_coef=1.0)
     same = grpo_token_loss(_t(LOGP), _t(LOGP), _t([0.0, 0.0]), _t(MASK), cfg, ref_logprobs=_t(LOGP))
-    assert same.kl.item() == 0
+    assert same.stats["kl"] == 0
     diff = grpo_token_loss(_t(LOGP), _t(LOGP), _t([0.0, 0.0]), _t(MASK), cfg, ref_logprobs=_t(REF))
-    assert diff.kl.item() > 0
+    assert diff.stats["kl"] > 0
 
 
 def test_group_advantages():

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from specrl.config import ConfigError, DataConfig, RunConfig, load_config
-from specrl.orchestrator.data import DataError, PromptSource
+from specrl.data.sources import DataError, PromptSource
 
 
 class CharTokenizer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specrl.orchestrator.rewards import extract_answer, load_reward, math_reward
+from specrl.data.rewards import extract_answer, load_reward, math_reward
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_extract_answer_prefers_boxed_over_trailing_numbers():
 
 
 def test_plug_in_reward_functions_load_by_name():
-    fn = load_reward("specrl.zoo.task:reward")
+    fn = load_reward("specrl.data.task:reward")
     assert fn(" The answer is 3.", 3) == 1.0
     with pytest.raises(ValueError, match="cannot import"):
         load_reward("specrl.nothing:here")

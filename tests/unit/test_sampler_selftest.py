@@ -1,13 +1,15 @@
 """The startup self-test, run in-process on vLLM's own RejectionSampler: it must fail on
 the unpatched CPU build (vLLM issue #55005) and pass with specrl's fix."""
 
+import importlib
 import os
+from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
-from specrl.rollout import selftest
-from specrl.rollout.engines import vllm_patches
+from specrl.rollout.engines.vllm import patches, selftest
 
 
 @pytest.fixture(scope="module")
@@ -17,10 +19,10 @@ def sampler():
 
 def test_fixed_expand_matches_the_reference_semantics():
     x = torch.tensor([0.7, 0.0, 1.3])
-    out = vllm_patches._expand_batch_to_tokens(x, torch.tensor([2, 5, 6], dtype=torch.int32), 6, 0, 1)
+    out = patches._expand_batch_to_tokens(x, torch.tensor([2, 5, 6], dtype=torch.int32), 6, 0, 1)
     assert out.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 1.3])
     assert out.dtype == torch.float32
-    k = vllm_patches._expand_batch_to_tokens(torch.tensor([3, 5], dtype=torch.int32), torch.tensor([1, 3]), 3)
+    k = patches._expand_batch_to_tokens(torch.tensor([3, 5], dtype=torch.int32), torch.tensor([1, 3]), 3)
     assert k.tolist() == [3, 5, 5] and k.dtype == torch.int32
 
 
@@ -39,16 +41,16 @@ def test_logprob_ranks_are_counted_without_compiling(monkeypatch):
     tokens[5] = 3
     rank_fn = sampler_module.batched_count_greater_than
     monkeypatch.setattr(sampler_module, "batched_count_greater_than", rank_fn)  # restored after
-    assert vllm_patches.fix_cpu_logprob_rank_compile()
+    assert patches.fix_cpu_logprob_rank_compile()
     compiled = []
     monkeypatch.setitem(
-        vllm_patches.ORIGINALS, "batched_count_greater_than", lambda x, v: compiled.append(x.shape) or x[:, 0]
+        patches.ORIGINALS, "batched_count_greater_than", lambda x, v: compiled.append(x.shape) or x[:, 0]
     )
     ranks = sampler_module.Sampler.gather_logprobs(logprobs, 2, tokens).selected_token_ranks
     chosen = logprobs.gather(-1, tokens[:, None]).numpy()
     assert ranks.tolist() == (logprobs.numpy() >= chosen).sum(-1).tolist()
     assert ranks[5] == 10 and ranks.dtype == torch.int64 and not compiled
-    large = torch.zeros(vllm_patches.EAGER_RANK_MAX // 128 + 1, 128)
+    large = torch.zeros(patches.EAGER_RANK_MAX // 128 + 1, 128)
     sampler_module.Sampler.gather_logprobs(large, 2, torch.zeros(len(large), dtype=torch.int64))
     assert compiled == [large.shape]
 
@@ -58,7 +60,7 @@ def test_self_test_fails_without_the_fix(sampler, monkeypatch):
 
     if torch.cuda.is_available():
         pytest.skip("the bug is in the CPU kernel shim")
-    original = vllm_patches.ORIGINALS.get("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
+    original = patches.ORIGINALS.get("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
     assert original.__module__ == "vllm.v1.sample.rejection_sampler"
     monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", original)
     result = selftest.run(sampler, trials=20000, alpha=1e-4, seed=1234)
@@ -68,10 +70,21 @@ def test_self_test_fails_without_the_fix(sampler, monkeypatch):
 def test_self_test_passes_with_the_fix(sampler, monkeypatch):
     from vllm.v1.sample import rejection_sampler
 
-    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", vllm_patches._expand_batch_to_tokens)
+    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", patches._expand_batch_to_tokens)
     for seed in (1, 2, 3):
         result = selftest.run(sampler, trials=20000, alpha=1e-4, seed=seed)
         assert result["passed"], result
+
+
+def test_the_plugin_entry_points_name_specrls_register_functions():
+    """vLLM finds specrl's fixes and controls by the dotted paths in pyproject.toml (and
+    only logs a path that does not import): each must name a `register` that exists."""
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    plugins = pyproject["project"]["entry-points"]["vllm.general_plugins"]
+    assert set(plugins) == {"specrl_patches", "specrl_control"}
+    for target in plugins.values():
+        module, function = target.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), target
 
 
 def test_plugin_respects_the_disable_switch(monkeypatch):
@@ -81,7 +94,7 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     from vllm.v1.sample import sampler as sampler_module
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original = vllm_patches.ORIGINALS.get("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
+    original = patches.ORIGINALS.get("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
     monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", original)
     rank_fn = sampler_module.batched_count_greater_than
     monkeypatch.setattr(sampler_module, "batched_count_greater_than", rank_fn)  # restored after
@@ -92,27 +105,27 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     monkeypatch.setattr(
         multiproc_executor.WorkerProc, "worker_main", multiproc_executor.WorkerProc.worker_main
     )
-    monkeypatch.setattr(vllm_patches, "_APPLIED", [])
-    monkeypatch.delenv(vllm_patches.START_METHOD_ENV, raising=False)
-    monkeypatch.setenv(vllm_patches.DISABLE_ENV, "0")
-    vllm_patches.register()
+    monkeypatch.setattr(patches, "_APPLIED", [])
+    monkeypatch.delenv(patches.START_METHOD_ENV, raising=False)
+    monkeypatch.setenv(patches.DISABLE_ENV, "0")
+    patches.register()
     assert rejection_sampler.expand_batch_to_tokens is original
-    assert vllm_patches.applied() == []
-    monkeypatch.setenv(vllm_patches.DISABLE_ENV, "-fix_cpu_expand_batch_to_tokens")
-    vllm_patches.register()
+    assert patches.applied() == []
+    monkeypatch.setenv(patches.DISABLE_ENV, "-fix_cpu_expand_batch_to_tokens")
+    patches.register()
     assert rejection_sampler.expand_batch_to_tokens is original
-    assert sampler_module.batched_count_greater_than is vllm_patches._count_at_least
-    assert "fix_cpu_expand_batch_to_tokens" not in vllm_patches.applied()
-    monkeypatch.setenv(vllm_patches.DISABLE_ENV, "1")
-    vllm_patches.register()
-    assert rejection_sampler.expand_batch_to_tokens is vllm_patches._expand_batch_to_tokens
-    assert sorted(vllm_patches.applied()) == [
+    assert sampler_module.batched_count_greater_than is patches._count_at_least
+    assert "fix_cpu_expand_batch_to_tokens" not in patches.applied()
+    monkeypatch.setenv(patches.DISABLE_ENV, "1")
+    patches.register()
+    assert rejection_sampler.expand_batch_to_tokens is patches._expand_batch_to_tokens
+    assert sorted(patches.applied()) == [
         "fix_cpu_expand_batch_to_tokens",
         "fix_cpu_logprob_rank_compile",
         "fix_cpu_seeded_partial_prefill",
         "fork_cpu_engine_processes",
     ]
-    assert sampler_module.batched_count_greater_than is vllm_patches._count_at_least
+    assert sampler_module.batched_count_greater_than is patches._count_at_least
 
 
 @pytest.mark.parametrize(
@@ -130,16 +143,16 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     ],
 )
 def test_the_environment_turns_off_all_fixes_or_the_named_ones(monkeypatch, value, off):
-    monkeypatch.setenv(vllm_patches.DISABLE_ENV, value)
-    every = {f.__name__ for f in vllm_patches._FIXES}
-    assert vllm_patches.disabled() == (every if off == "all" else off)
+    monkeypatch.setenv(patches.DISABLE_ENV, value)
+    every = {f.__name__ for f in patches._FIXES}
+    assert patches.disabled() == (every if off == "all" else off)
 
 
 @pytest.mark.parametrize("value", ["-fix_typo", "fix_cpu_expand_batch_to_tokens", "maybe"])
 def test_a_fix_name_that_is_no_fix_is_an_error_naming_the_fixes(monkeypatch, value):
-    monkeypatch.setenv(vllm_patches.DISABLE_ENV, value)
+    monkeypatch.setenv(patches.DISABLE_ENV, value)
     with pytest.raises(ValueError, match="fix_cpu_expand_batch_to_tokens, fix_cpu_logprob_rank_compile"):
-        vllm_patches.disabled()
+        patches.disabled()
 
 
 def test_engine_processes_are_forked_unless_the_user_chose_a_start_method(monkeypatch):
@@ -151,10 +164,10 @@ def test_engine_processes_are_forked_unless_the_user_chose_a_start_method(monkey
     if torch.cuda.is_available():
         pytest.skip("CPU platform only")
     originals = {
-        (engine_utils, "get_mp_context"): vllm_patches.ORIGINALS.get(
+        (engine_utils, "get_mp_context"): patches.ORIGINALS.get(
             "engine_utils.get_mp_context", engine_utils.get_mp_context
         ),
-        (multiproc_executor, "get_mp_context"): vllm_patches.ORIGINALS.get(
+        (multiproc_executor, "get_mp_context"): patches.ORIGINALS.get(
             "multiproc_executor.get_mp_context", multiproc_executor.get_mp_context
         ),
     }
@@ -164,17 +177,17 @@ def test_engine_processes_are_forked_unless_the_user_chose_a_start_method(monkey
     for user_choice, expected in ((None, "fork"), ("spawn", "spawn")):
         for (module, name), original in originals.items():
             monkeypatch.setattr(module, name, original)
-        monkeypatch.delenv(vllm_patches.START_METHOD_ENV, raising=False)
+        monkeypatch.delenv(patches.START_METHOD_ENV, raising=False)
         if user_choice:
-            monkeypatch.setenv(vllm_patches.START_METHOD_ENV, user_choice)
-        assert vllm_patches.fork_cpu_engine_processes() is (user_choice is None)
-        monkeypatch.setenv(vllm_patches.START_METHOD_ENV, "spawn")  # what the CPU platform sets
+            monkeypatch.setenv(patches.START_METHOD_ENV, user_choice)
+        assert patches.fork_cpu_engine_processes() is (user_choice is None)
+        monkeypatch.setenv(patches.START_METHOD_ENV, "spawn")  # what the CPU platform sets
         assert engine_utils.get_mp_context().get_start_method() == expected
         assert multiproc_executor.get_mp_context().get_start_method() == expected
 
 
 def _report_binding(queue) -> None:
-    vllm_patches.bind_forked_worker()
+    patches.bind_forked_worker()
     queue.put((sorted(os.sched_getaffinity(0)), torch.get_num_threads()))
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from specrl.zoo import task
+from specrl.data import task
 
 
 def test_generator_is_seed_deterministic_and_splits_are_disjoint():

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from specrl.trainer.batch import BatchError, Rollout, collate
+from specrl.trainer.api import Rollout
+from specrl.trainer.batch import BatchError, collate
 
 
 def test_collate_aligns_completion_tokens_with_next_token_positions():

@@ -33,10 +33,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specrl.bench.report import machine, markdown_table, print_table
+from specrl.bench.report import machine
 from specrl.bench.rollout import TEMPERATURE, Variant, chosen_k, closed_loop
 from specrl.bench.tasks import TASKS, Task, task_prompts
 from specrl.launcher import ServiceProcess
+from specrl.tables import markdown_table, print_table
 
 TABLE_COLUMNS = (
     "speculator",

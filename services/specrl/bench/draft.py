@@ -33,11 +33,12 @@ from pathlib import Path
 from rich.console import Console
 
 from specrl.bench.adaptive import balanced_orders, table_rows
-from specrl.bench.report import machine, markdown_table, print_table
+from specrl.bench.report import machine
 from specrl.bench.rollout import TEMPERATURE, Variant, chosen_k, closed_loop
 from specrl.bench.tasks import TASKS, Task, pick_tasks, task_prompts
 from specrl.config import RolloutServerConfig, RunConfig
 from specrl.launcher import ServiceProcess, start_all
+from specrl.tables import markdown_table, print_table
 
 INITS = ("eagle3-domain", "eagle3-generic")
 

@@ -1,31 +1,11 @@
-"""Shared output of the benchmarks: the Markdown table docs/benchmarks.md shows and the
-same table on the terminal."""
+"""Shared parts of the benchmarks' reports: the machine they ran on and speedups over
+autoregressive decoding."""
 
 from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable, Hashable, Sequence
-
-from rich.console import Console
-from rich.table import Table
-
-
-def markdown_table(rows: list[dict], columns: Sequence[str]) -> str:
-    """`rows` as a Markdown table of `columns` (missing values shown empty)."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        lines.append("| " + " | ".join("" if r.get(c) is None else str(r[c]) for c in columns) + " |")
-    return "\n".join(lines)
-
-
-def print_table(rows: list[dict], columns: Sequence[str], title: str, console: Console) -> None:
-    table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*("" if r.get(c) is None else str(r[c]) for c in columns))
-    console.print(table)
+from collections.abc import Callable, Hashable
 
 
 def machine() -> dict:

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specrl.bench.report import machine, markdown_table, print_table, speedups_over_ar
-from specrl.config import EngineConfig, RolloutServerConfig
+from specrl.bench.report import machine, speedups_over_ar
+from specrl.config import RolloutServerConfig
 from specrl.launcher import ServiceProcess
-from specrl.rollout.client import RolloutClient
+from specrl.rollout.api import RolloutClient
+from specrl.tables import markdown_table, print_table
 
 MAX_TOKENS = 48
 TEMPERATURE = 1.0
@@ -59,7 +60,7 @@ class Variant:
         if self.adaptive:
             spec["adaptive"] = {"enabled": True}
         if self.paused:
-            spec["k_schedule"] = [[1, EngineConfig().max_num_seqs, 0]]
+            spec["k_schedule"] = [[1, RolloutServerConfig().engine.max_num_seqs, 0]]
         return RolloutServerConfig.model_validate(
             {"port": 0, "engine": {"model": f"zoo:{self.zoo}target", "dtype": "float32"}, "speculation": spec}
         )
@@ -92,7 +93,7 @@ def variants(ks: list[int], *, only: list[str] | None = None, adaptive: bool = T
 def zoo_test_prompts(count: int, console: Console) -> list[str]:
     """Build (or reuse) the zoo; `count` prompts of its task's test split, the same in
     every rollout benchmark."""
-    from specrl.zoo import task
+    from specrl.data import task
     from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs
 
     build_zoo(console=console)

@@ -24,10 +24,11 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from specrl.bench.report import markdown_table, print_table
 from specrl.config import RunConfig
 from specrl.orchestrator.report import SideBySide, compare_runs, stage_bars
 from specrl.orchestrator.run import run
+from specrl.tables import markdown_table, print_table
+from specrl.zoo.build import build_if_used
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny-rl-zero.yaml"
 EAGLE3 = {"method": "eagle3", "num_speculative_tokens": 3, "draft": "zoo:eagle3-domain"}
@@ -52,7 +53,9 @@ def bench_config(base: dict, steps: int, out_dir: Path) -> RunConfig:
 def run_step_bench(out: Path, *, steps: int, config: Path | None, console: Console) -> list[dict]:
     base = yaml.safe_load((config or EXAMPLE).read_text())
     with tempfile.TemporaryDirectory(prefix="specrl-bench-step-") as d:
-        result = run(bench_config(base, steps, Path(d)), console=console, metrics=False)
+        cfg = bench_config(base, steps, Path(d))
+        build_if_used(cfg.local_models(), console)
+        result = run(cfg, console=console, metrics=False)
     runs = {LABELS["ar"]: result.compared["ar"], LABELS["main"]: result.records}
     runs[LABELS["async"]] = result.compared["async"]
     rows = compare(runs)

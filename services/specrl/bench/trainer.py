@@ -27,10 +27,10 @@ import torch.multiprocessing as mp
 from rich.console import Console
 
 from specrl import shutdown
-from specrl.bench.report import markdown_table, print_table
 from specrl.config import TrainerConfig, resolve_model_path
 from specrl.launcher import free_port
-from specrl.trainer.batch import Rollout
+from specrl.tables import markdown_table, print_table
+from specrl.trainer.api import Rollout
 
 GROUP = 8  # samples per prompt
 MAX_TOKENS = 48
@@ -46,7 +46,7 @@ def fixed_batch(prompts: int, seed: int = 0) -> tuple[list[str], list[Rollout]]:
     1), rewarded by the task's checker; rollouts are grouped by prompt."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specrl.zoo import task
+    from specrl.data import task
     from specrl.zoo.build import ZooSpec, task_kwargs
     from specrl.zoo.rollouts import sample_completions
 
@@ -81,14 +81,15 @@ def _trainer_config(tp: int, dp: int, micro: int) -> TrainerConfig:
 
 def _specrl_steps(cfg: TrainerConfig, rollouts: list[Rollout], steps: int) -> list[dict]:
     from specrl.trainer.batch import collate
-    from specrl.trainer.policy import Policy
+    from specrl.trainer.state import TrainState
+    from specrl.trainer.step import train_step
 
-    policy = Policy(cfg)
-    batch = collate(rollouts, policy.vocab_size)
+    state = TrainState.build(cfg)
+    batch = collate(rollouts, state.vocab_size)
     out = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        m = policy.train_step(batch, group_size=GROUP)
+        m = train_step(state, batch, group_size=GROUP)
         out.append(
             {
                 "step_seconds": time.perf_counter() - t0,

@@ -32,7 +32,7 @@ from rich.table import Table
 from specrl.bench.report import machine
 from specrl.config import RolloutServerConfig, WeightSenderConfig, resolve_model_path
 from specrl.launcher import ServiceProcess, start_all
-from specrl.rollout.client import RolloutClient
+from specrl.rollout.api import RolloutClient
 from specrl.weightsync.sender import WeightSender
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 1024, 3072, 16, 8, 64

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specrl.draft.aux_layers import validate_aux_layer_ids
+from specrl.features import validate_aux_layer_ids
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 

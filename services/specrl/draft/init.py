@@ -24,19 +24,19 @@ import torch
 
 from specrl.config import DraftInitConfig, resolve_model_path
 from specrl.devices import local_device
-from specrl.draft.aux_layers import default_aux_layer_ids
 from specrl.draft.eagle3 import Eagle3Head
 from specrl.draft.offline import capture, evaluate_head, frequent_tokens, train_head
 from specrl.draft.online import acceptance_length, pooled_agreement
+from specrl.features import default_aux_layer_ids
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def sample_rollouts(cfg: DraftInitConfig, tok, progress: Progress) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, completion ids) of `samples_per_prompt` target samples per prompt."""
+    from specrl.data.sources import PromptSource
     from specrl.launcher import ServiceProcess
-    from specrl.orchestrator.data import PromptSource
-    from specrl.rollout.client import RolloutClient
+    from specrl.rollout.api import RolloutClient
 
     server = None
     address = cfg.server

@@ -2,7 +2,7 @@
 distributions on a set of sequences, then fit the head with training-time test.
 
 The capture is the same computation the trainer performs during its logprob pass
-(aux ids from `specrl.draft.aux_layers`, everything detached), so a head trained here and
+(aux ids from `specrl.features`, everything detached), so a head trained here and
 one adapted online see identical features.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specrl.draft.aux_layers import gather_aux_hidden_states
 from specrl.draft.eagle3 import Eagle3Head, ttt_loss, ttt_update
+from specrl.features import gather_aux_hidden_states
 
 Progress = Callable[[int, int, float], None]
 

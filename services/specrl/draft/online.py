@@ -1,6 +1,6 @@
 """Online EAGLE-3 adaptation: the draft-trainer's core, without its transport.
 
-It consumes the trainer's captured batches (`specrl.trainer.capture.Captured`: aux hidden
+It consumes the trainer's captured batches (`specrl.features.Captured`: aux hidden
 states and the target's next-token log-probs from the policy's own logprob pass) and fits
 the head with the same training-time-test step as offline initialization
 (`specrl.draft.eagle3.ttt_update`) on the head's device (a GPU when the draft-trainer
@@ -26,7 +26,7 @@ import torch
 
 from specrl.config import DraftTrainingConfig
 from specrl.draft.eagle3 import Eagle3Head, NonFiniteUpdate, ttt_loss, ttt_update
-from specrl.trainer.capture import Captured
+from specrl.features import Captured
 
 
 class DraftInputError(ValueError):

@@ -35,8 +35,9 @@ from specrl.config import DraftTrainerServerConfig, resolve_model_path
 from specrl.devices import local_device
 from specrl.draft.eagle3 import Eagle3Config, Eagle3Head
 from specrl.draft.online import DraftInputError, OnlineDraftTrainer, acceptance_length
+from specrl.features import Captured
 from specrl.metrics import DraftMetrics, WeightSenderMetrics
-from specrl.trainer.client import CaptureStream, TrainerClient
+from specrl.trainer.api import CaptureStream, TrainerClient
 from specrl.weightsync.names import checkpoint_dir
 from specrl.weightsync.sender import WeightSender, WeightSyncError
 
@@ -173,8 +174,8 @@ class DraftTrainerCore:
             try:
                 self._stream = self.trainer.captures()
                 self.streaming, self.detail = True, "reading captures"
-                for batch in self._stream:
-                    self._train(batch)
+                for message in self._stream:
+                    self._train(Captured.from_message(message))
                     if self._stop.is_set():
                         return
             except grpc.RpcError as e:
@@ -186,7 +187,7 @@ class DraftTrainerCore:
             except ValueError as e:  # a message that does not decode: skipped like a bad batch
                 self._refused(f"undecodable captured batch: {e}")
 
-    def _train(self, batch) -> None:
+    def _train(self, batch: Captured) -> None:
         with self._lock:
             try:
                 trained = self.online.submit(batch)

@@ -7,8 +7,6 @@ PromQL, as vLLM does: `1 + rate(..._accepted_tokens_total) / rate(..._drafts_tot
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -16,9 +14,6 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
-
-if TYPE_CHECKING:
-    from specrl.rollout.adaptive import AdaptiveK
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -151,17 +146,6 @@ class RolloutMetrics:
             registry=r,
         )
 
-    def observe_adaptive(self, controller: AdaptiveK) -> None:
-        for r in controller.ranges:
-            self.adaptive_k.labels(batch_sizes=r.label).set(controller.k_for(r.first))
-            costs = controller.costs(r)
-            for k, rate in controller.rates(r, costs).items():
-                if k not in costs:
-                    continue
-                self.adaptive_rate.labels(batch_sizes=r.label, k=str(k)).set(rate)
-            if (off := controller.off_rate(r)) is not None:
-                self.adaptive_rate.labels(batch_sizes=r.label, k="off").set(off)
-
 
 class WeightSenderMetrics:
     """A weight publisher's metrics (`specrl_weight_push_*`; trainer and draft-trainer)."""
@@ -217,7 +201,9 @@ class TrainerMetrics:
         self.step_value = Gauge(
             "specrl_trainer_step_value",
             "Last step's value of each training statistic",
-            ["stat"],  # loss, pg_loss, kl, clip_fraction, entropy, grad_norm, is_weight
+            # the names StepMetrics.stats carries (specrl.trainer.step): loss, entropy,
+            # grad_norm and the loss's own (GRPO: pg_loss, kl, clip_fraction, is_weight)
+            ["stat"],
             registry=r,
         )
         self.mismatch_kl = Gauge(

@@ -29,10 +29,10 @@ import grpc
 import redis
 
 from specrl.config import SamplingConfig
+from specrl.data.rewards import RewardFn
 from specrl.metrics import OrchestratorMetrics
-from specrl.orchestrator.rewards import RewardFn
 from specrl.queue.streams import Delivery, PromptGroup, RolloutGroup, RunStreams, SampleRecord
-from specrl.rollout.client import RolloutClient
+from specrl.rollout.api import RolloutClient
 from specrl.v1 import rollout_pb2 as rpb
 
 log = logging.getLogger("specrl.orchestrator.generation")

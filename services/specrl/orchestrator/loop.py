@@ -14,9 +14,9 @@ Then the consumed entries are acknowledged, the groups recorded as trained (and 
 for replay until a checkpoint holds the step) and the new version saved, in one Redis
 transaction, and the step is logged. A checkpoint is saved every `checkpoint_every`
 versions and at the end, once the step that made the version is in the step log: at the
-start of the next step (its `checkpoint` time) or after the last. Saved before the log
-line, a process killed between the two left a checkpoint holding a step its log never
-got, and the resumed run went on past it.
+start of the next step (its `checkpoint` time) or after the last, so that a checkpoint
+never holds a step its log lacks (a run resumed from it would go on past a step it never
+logged; docs/orchestrator.md).
 
 Resume (`specrl run --resume`): the trainer restarts from the last checkpoint (version
 v) and the queues are rolled back to v (`RunStreams.resume`): steps after v are trained
@@ -49,15 +49,14 @@ from typing import TYPE_CHECKING
 import grpc
 
 from specrl.config import RunConfig
-from specrl.draft.client import DraftTrainerClient
+from specrl.data.rewards import RewardFn
+from specrl.data.sources import PromptSource
+from specrl.draft.api import DraftTrainerClient
 from specrl.metrics import STAGES, OrchestratorMetrics
-from specrl.orchestrator.data import PromptSource
 from specrl.orchestrator.discovery import DiscoveryError
 from specrl.orchestrator.generation import Generators
-from specrl.orchestrator.rewards import RewardFn
 from specrl.queue.streams import Delivery, PromptGroup, RolloutGroup, RunStreams
-from specrl.trainer.batch import Rollout
-from specrl.trainer.client import TrainerClient
+from specrl.trainer.api import Rollout, TrainerClient
 
 if TYPE_CHECKING:
     from specrl.orchestrator.status import RunControl
@@ -451,11 +450,8 @@ class Orchestrator:
                 "phases": dict(push.phases),
             },
             "draft": self._draft_record(),
-            "loss": m.loss,
-            "kl": m.kl,
-            "entropy": m.entropy,
-            "grad_norm": m.grad_norm,
-            "clip_fraction": m.clip_fraction,
+            # the trainer's step statistics the reports read (None where a loss has none)
+            **{k: m.stats.get(k) for k in ("loss", "kl", "entropy", "grad_norm", "clip_fraction")},
             "mismatch_kl": m.mismatch.kl if m.HasField("mismatch") else None,
             "mismatch_max_abs": m.mismatch.max_abs if m.HasField("mismatch") else None,
         }

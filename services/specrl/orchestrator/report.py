@@ -9,8 +9,8 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from specrl.bench.report import markdown_table
-from specrl.stats.lossless import reward_difference_p
+from specrl.stats.runs import reward_difference_p
+from specrl.tables import markdown_table
 
 BREAKDOWN = ("prepare", "data", "exposed_generation", "logprob", "train", "checkpoint", "other")
 

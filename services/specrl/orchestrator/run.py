@@ -19,22 +19,21 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specrl.config import ZOO_SCHEME, CompareRun, RunConfig
-from specrl.draft.client import DraftTrainerClient
+from specrl.config import ZOO_SCHEME, CompareRun, RunConfig, resolve_model_path
+from specrl.data.check import STARTUP_ROWS, check_data
+from specrl.data.rewards import load_reward
+from specrl.data.sources import DataError, PromptSource
+from specrl.draft.api import DraftTrainerClient
 from specrl.metrics import OrchestratorMetrics
 from specrl.orchestrator.compare import comparison, describe
-from specrl.orchestrator.data import DataError, PromptSource
-from specrl.orchestrator.datacheck import STARTUP_ROWS, check_data
 from specrl.orchestrator.discovery import discover
 from specrl.orchestrator.loop import GenerationStalled, Orchestrator, TrainerLost
 from specrl.orchestrator.report import SideBySide, write_report
-from specrl.orchestrator.rewards import load_reward
 from specrl.orchestrator.status import StatusPage
 from specrl.orchestrator.system import ServiceDied, StartupError, System
 from specrl.queue.streams import RunStreams
-from specrl.rollout.client import RolloutClient
-from specrl.trainer import checkpoint
-from specrl.trainer.client import TrainerClient
+from specrl.rollout.api import RolloutClient
+from specrl.trainer.api import TrainerClient
 
 log = logging.getLogger("specrl.run")
 
@@ -188,17 +187,13 @@ def _run(
 
         console.print(f"metrics on :{m.serve(cfg.orchestrator.metrics_port)}/metrics")
 
-    server = cfg.rollout.server
-    local = [] if cfg.rollout.elsewhere else [server.engine.model, server.speculation.draft]
-    if cfg.trainer.address is None:
-        local.append(cfg.trainer.server.trainer.model)
-    if any(ref and ref.startswith(ZOO_SCHEME) for ref in local):  # models of services started here
-        from specrl.zoo.build import build_zoo
-
-        build_zoo(console=console)  # cached after the first time (minutes)
-    start_from = checkpoint.find(run_dir / "checkpoint") if resume else None
+    unbuilt = [
+        r for r in cfg.local_models() if r.startswith(ZOO_SCHEME) and not Path(resolve_model_path(r)).exists()
+    ]
+    if unbuilt:
+        raise StartupError(f"{', '.join(unbuilt)}: the zoo is not built here (`specrl zoo build`)")
     with console.status("starting services (Redis, rollout replicas, trainer, draft-trainer)"):
-        system = System(cfg, run_dir, resume_from=start_from).start()
+        system = System(cfg, run_dir).start()
     try:
         draft_trainer = f", draft-trainer {system.draft_address}" if system.draft_address else ""
         console.print(
@@ -323,7 +318,9 @@ def _loop(
                 draft.close()
             if page is not None:
                 page.stop()
-        saved = orchestrator.checkpoint or str(checkpoint.find(run_dir / "checkpoint"))
+        saved = (
+            orchestrator.checkpoint or trainer.find_checkpoint(str((run_dir / "checkpoint").resolve())).path
+        )
     if source.skipped:
         console.print(f"[yellow]skipped dataset rows[/yellow]: {dict(source.skipped)}")
     return records, saved
@@ -351,20 +348,19 @@ def _status_page(cfg: RunConfig, run_dir: Path, replicas: list[str], console: Co
 
 def _restore(trainer: TrainerClient, checkpoint_dir: Path, step: int, console: Console) -> int:
     """Bring the trainer to the run's last checkpoint (none: the initial weights, v0) and
-    return its version. A trainer started here loaded it at start; one running elsewhere
-    held on to later steps (only the orchestrator failed) or restarted on its initial
-    weights (its pod failed too), and loads it now."""
-    saved = checkpoint.find(checkpoint_dir)
-    at = checkpoint.read_meta(saved)["step"] if saved is not None else 0
-    if step == at:
-        return at
-    if saved is None:
+    return its version. The trainer finds it on its own disk: one started here began on
+    its initial weights, one running elsewhere held on to later steps (only the
+    orchestrator failed) or restarted on its initial weights (its pod failed too)."""
+    saved = trainer.find_checkpoint(str(checkpoint_dir.resolve()))
+    if step == saved.step:
+        return step
+    if not saved.path:
         raise RunExists(
             f"the trainer holds policy v{step} but the run has no checkpoint to go back to: restart the "
             "trainer (it starts from its initial weights) and resume again"
         )
-    version = trainer.load(str(saved.resolve())).step
-    console.print(f"trainer restored to the run's checkpoint (v{version}; it held v{step}): {saved}")
+    version = trainer.load(saved.path).step
+    console.print(f"trainer restored to the run's checkpoint (v{version}; it held v{step}): {saved.path}")
     return version
 
 

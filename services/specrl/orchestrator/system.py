@@ -46,10 +46,8 @@ def check_reachable(address: str, what: str, timeout_s: float) -> None:
 
 
 class System:
-    def __init__(self, cfg: RunConfig, run_dir: Path, *, resume_from: Path | None = None) -> None:
-        """`resume_from`: a checkpoint the trainer started here loads first."""
+    def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
         self.cfg = cfg
-        self.resume_from = resume_from
         self.logs = run_dir / "logs"
         self.redis_dir = run_dir / "redis"
         self.redis: RedisServer | None = None
@@ -94,8 +92,6 @@ class System:
             )
         if not cfg.trainer.address:
             server = cfg.trainer.server
-            if self.resume_from is not None:
-                server = server.model_copy(update={"resume": str(self.resume_from.resolve())})
             t = server.trainer
             world = t.tp * t.dp
             env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}

@@ -2,66 +2,18 @@
 engine measures while it serves, including k=0 (speculation off) where drafting costs
 more than it saves.
 
-Why measured, not modelled: whether speculation pays depends on things no config knows,
-namely the draft's current acceptance (which moves as the policy drifts and the draft is
-re-published), the batch size (verification is nearly free at batch 1 and compute-bound at
-large batches), and the hardware's fixed per-step costs of drafting. So the controller
-learns, per range of batch sizes, the engine's output rate at each k from the engine's own
-step records, and sets vLLM's batch-size -> k schedule from it.
-
-Per batch range it measures three anchors first (k = max, which also measures acceptance
-at every draft position; k = 0, the AR baseline; k = 1), then predicts the rate of every
-other k from the measured per-position acceptance and the step cost interpolated between
-measured ks, tries the most promising prediction, and keeps the best *measured* k. A
-speculative k is kept only when it beats the measured AR rate by `ar_margin`: a wash goes
-to AR, so speculation is not kept where it is not clearly faster (and going back from AR
-to speculation takes `min_gain` more, so a draft at the margin does not flap). Every
-`renew_periods` x `refresh_steps` steps of a range its anchors are measured again (draft
-and load change during RL); not more often, since acceptance is tracked all along, the ks
-a range runs are re-measured as it runs them, and re-measuring the anchors costs time (a
-medium draft's largest k runs ~15% below its best k until `deep_drafts` are verified).
-Close ks are compared under the same conditions, though: step costs move by 10% and more
-within minutes (warm-up, the node's other load), so a runner-up within `recheck_margin` of
-the k in force is measured again, next in time to it, once its measurement is
-`recheck_steps` of the range's steps old; a k chosen on one stale measurement (a 10% margin
-decided by a slow minute) otherwise holds until the anchors are renewed. This costs at
-most `min_samples` steps at the runner-up's rate per `recheck_steps` (<1%).
-
-Noise must not make a useless draft look useful, on any machine: step costs are made
-non-decreasing in k (a k read cheaper than a smaller one is noise), a draft whose
-acceptance bounds its tokens per step below `ar_margin` is turned off everywhere from
-acceptance alone (`tokens_bound`), and a batch range not measured yet runs the verdict of
-the nearest measured one, not the largest k (issue 36: a random head kept k=1 at 64
-sequences and k=3 at every batch size never measured).
-
-Acceptance per position is pooled over many requests (`acceptance_window`, 4096 drafts):
-it differs from prompt to prompt, and a window of a few requests made the controller
-chase each prompt's acceptance, switching k and even turning speculation off on a run of
-hard prompts (0.80-0.92x the best fixed k in simulation; 0.98-0.99x with the long window).
-
-k=0 in one range while others draft is vLLM's k=0: the drafter still runs every step
-(+24% over an AR engine at batch 1 on the zoo). Only k=0 at every batch size pauses the
-drafter and makes the engine an AR one (engines/vllm_control.py). So per range the
-choice is among the ks the mixed schedule can have, and above that sits one global
-decision, speculation or off: every `refresh_steps` steps (the first time sooner) the
-controller pauses speculation everywhere for a short probe, measures the paused engine
-per range, and compares the whole traffic's time under the speculative schedule with its
-time paused (ranges weighted by the tokens they carry). Speculation is kept only when it
-beats off by `keep_margin` (5%); otherwise the engine stays paused for `refresh_steps`
-steps before speculation is measured afresh, and it comes back only when it beats off by
-`ar_margin` (10%): a draft between the two stays as it is, so one noisy probe does not
-turn off a draft that was just clearly faster. Each decision holds for a whole period, so the
-drafter resumes (and recomputes what is in flight) at most twice per period.
-
-Measuring speculation afresh costs time when the draft does not pay, so it starts from the
-cheap end: k=1 and k=2 are measured first, and since acceptance never rises with the draft
-position they bound what any k could make (`AdaptiveK.rate_bound`); a draft that cannot
-beat the paused engine by `ar_margin` even so goes back off after a few dozen steps at
-k <= 2, where the full search would have run the largest k (the worst setting for such a
-draft: ~0.5x AR for the zoo's generic head) and then a quarter period. Each consecutive
-decision for off also doubles the next off period, up to `off_backoff_max` periods, so a
-draft that keeps losing is re-measured ever more rarely. A decision for speculation
-resets both.
+Measured, not modelled: whether speculation pays depends on things no config knows, the
+draft's current acceptance (it moves as the policy drifts and the draft is re-published),
+the batch size (verification is nearly free at batch 1 and compute-bound at large
+batches) and the hardware's per-step cost of drafting. Per range of batch sizes the
+controller measures the engine's step cost at a few anchor ks, predicts the other ks
+from per-position acceptance pooled over many requests, and keeps the best *measured* k;
+close ks are measured again next to each other, since step costs drift within minutes.
+Above that sits one decision for the whole engine, speculation or off: only k=0 at every
+batch size pauses the drafter (vLLM's k=0 still runs it), so the controller probes the
+paused engine now and then and keeps speculation only when it is clearly faster. Margins
+make noise favour AR, and a draft whose acceptance cannot pay is turned off from
+acceptance alone. The rules in detail and the measurements behind them: docs/draft.md.
 """
 
 from __future__ import annotations
@@ -356,9 +308,8 @@ class AdaptiveK:
         in k. A step at k+1 does a step's work at k and more (one more draft position, one
         more token per request verified; vLLM's k=0 still runs the drafter's first pass),
         so a k measured cheaper than a smaller one is noise: ks are measured minutes apart
-        on machines whose speed moves 10% and more. Taken at face value, a k=1 step read
-        cheaper than vLLM's k=0 made a never-accepted draft's k=1 look faster than AR at
-        64 sequences on a 2-core machine (issue 36)."""
+        on machines whose speed moves 10% and more, and taken at face value such a reading
+        makes a never-accepted draft look faster than AR (docs/draft.md, issue 36)."""
         medians = sorted(
             (k, statistics.median(v)) for k, v in r.seconds.items() if len(v) >= self.cfg.min_samples
         )

@@ -1,17 +1,22 @@
 """Startup self-test of an engine's speculative sampler, run inside the engine's worker.
 
-It feeds synthetic logits through vLLM's own `RejectionSampler` (the instance the model
-runner uses, so every patch or bug of that process is in the path) and checks with exact
-chi-square tests that what comes out follows the target distribution:
+It feeds synthetic logits through the engine's own speculative (rejection) sampler (the
+instance its model runner uses, so every patch or bug of that process is in the path)
+and checks with exact chi-square tests that what comes out follows the target
+distribution:
   - the first emitted token ~ processed target p0 (temperature 0.7, top-p 0.9);
   - given the first draft token was accepted, the second emitted token ~ p1;
-both with greedy drafts (the engine's default: draft_probs=None) and sampled drafts.
+both with greedy drafts (the engine's default: no draft probabilities) and sampled drafts.
 A few seconds on CPU. The server refuses speculative rollouts when this fails.
+
+The test and its statistics are the same for every engine; each engine hands in its own
+sampler as a `SpeculativeSampler` (rollout/engines/<kind>/selftest.py).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Protocol
 
 import torch
 
@@ -23,49 +28,24 @@ _TEMPERATURE = 0.7
 _TOP_P = 0.9
 
 
-def _spec_metadata(draft_ids: torch.Tensor):
-    """SpecDecodeMetadata for B requests with K drafts each; request r owns logits rows
-    [r*(K+1), r*(K+1)+K], the last being its bonus row (the model runner's layout)."""
-    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+class SpeculativeSampler(Protocol):
+    """One verification step of B requests with K drafts each, through an engine's sampler
+    at one temperature and top-p for all. Request r owns target logits rows
+    [r*(K+1), r*(K+1)+K], the last being its bonus row (the usual model-runner layout)."""
 
-    b, k = draft_ids.shape
-    rows = torch.arange(b * (k + 1), dtype=torch.int32).view(b, k + 1)
-    return SpecDecodeMetadata(
-        draft_token_ids=draft_ids.reshape(-1).to(torch.int32).contiguous(),
-        num_draft_tokens=[k] * b,
-        cu_num_draft_tokens=torch.arange(1, b + 1, dtype=torch.int32) * k,
-        cu_num_sampled_tokens=torch.arange(1, b + 1, dtype=torch.int32) * (k + 1),
-        target_logits_indices=rows[:, :k].reshape(-1).contiguous(),
-        bonus_logits_indices=rows[:, k].contiguous(),
-        logits_indices=rows.reshape(-1),
-    )
-
-
-def _sampling_metadata(b: int):
-    from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.metadata import SamplingMetadata
-
-    return SamplingMetadata(
-        temperature=torch.full((b,), _TEMPERATURE, dtype=torch.float32),
-        all_greedy=False,
-        all_random=True,
-        top_p=torch.full((b,), _TOP_P, dtype=torch.float32),
-        top_k=None,
-        generators={},
-        max_num_logprobs=None,
-        no_penalties=True,
-        prompt_token_ids=None,
-        frequency_penalties=torch.zeros(b),
-        presence_penalties=torch.zeros(b),
-        repetition_penalties=torch.ones(b),
-        output_token_ids=[[] for _ in range(b)],
-        allowed_token_ids_mask=None,
-        bad_words_token_ids={},
-        logitsprocs=LogitsProcessors(),
-    )
+    def __call__(
+        self,
+        target_logits: torch.Tensor,  # [B * (K+1), V]
+        draft_token_ids: torch.Tensor,  # [B, K]
+        draft_probs: torch.Tensor | None,  # [B * K, V]; None: greedy drafts (point masses)
+        *,
+        temperature: float,
+        top_p: float,
+    ) -> torch.Tensor:  # [B, K+1] emitted token ids, -1 after the first rejection
+        ...
 
 
-def _check(rejection_sampler, trials: int, gen: torch.Generator, sampled_drafts: bool):
+def _check(sample: SpeculativeSampler, trials: int, gen: torch.Generator, sampled_drafts: bool):
     """p-values of the two fits, and a one-line description."""
     # Zipf-shaped logits in a random order per position: after temperature 0.7 and top-p
     # 0.9 several tokens keep real mass at every position, whatever the seed.
@@ -81,8 +61,7 @@ def _check(rejection_sampler, trials: int, gen: torch.Generator, sampled_drafts:
         draft = q.argmax(-1).repeat(trials, 1)
         draft_probs = None
     logits = target_logits.repeat(trials, 1).to(torch.float32).contiguous()
-    out = rejection_sampler(_spec_metadata(draft), draft_probs, logits, _sampling_metadata(trials))
-    tokens = out.sampled_token_ids.to(torch.long)  # [trials, K+1], -1 after a rejection
+    tokens = sample(logits, draft, draft_probs, temperature=_TEMPERATURE, top_p=_TOP_P).to(torch.long)
     first = Counter(tokens[:, 0].tolist())
     fit0 = goodness_of_fit(first, {i: float(p[0, i]) for i in range(_VOCAB)})
     accepted = tokens[:, 0] == draft[:, 0]
@@ -98,26 +77,14 @@ def _check(rejection_sampler, trials: int, gen: torch.Generator, sampled_drafts:
     return [fit0.p_value, p1], detail
 
 
-def run(rejection_sampler, *, trials: int, alpha: float, seed: int) -> dict:
+def run(sample: SpeculativeSampler, *, trials: int, alpha: float, seed: int) -> dict:
     """Run both checks; Bonferroni-combined p-value. Returns a plain dict (it crosses the
     engine's process boundary)."""
     gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)  # the sampler draws its uniforms from the global generator
     p_values, details = [], []
     for sampled in (False, True):
-        ps, detail = _check(rejection_sampler, trials, gen, sampled)
+        ps, detail = _check(sample, trials, gen, sampled)
         p_values += ps
         details.append(detail)
     combined = min(1.0, min(p_values) * len(p_values))
     return {"passed": combined >= alpha, "p_value": combined, "detail": "; ".join(details)}
-
-
-def standalone_rejection_sampler():
-    """vLLM's RejectionSampler outside an engine (unit tests): the CPU kernel fallbacks
-    must be registered first, as the worker does at start-up."""
-    from vllm.platforms import current_platform
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
-    from vllm.v1.sample.sampler import Sampler
-
-    current_platform.register_triton_kernel_overrides()
-    return RejectionSampler(Sampler(logprobs_mode="processed_logprobs"))

@@ -137,7 +137,7 @@ class RolloutService:
         if changed and (self._applying is None or self._applying.done()):
             self._applying = asyncio.get_running_loop().create_task(self._apply_adaptive())
         elif self.adaptive.steps % 100 == 0:
-            self.metrics.observe_adaptive(self.adaptive)
+            _publish(self.adaptive, self.metrics)
 
     async def _apply_adaptive(self) -> None:
         """Give the engine the controller's schedule until the engine has the latest."""
@@ -149,14 +149,14 @@ class RolloutService:
                 log.exception("could not apply the adaptive k schedule %s", list(schedule))
                 return
             self.k_schedule = schedule
-            self.metrics.observe_adaptive(self.adaptive)
+            _publish(self.adaptive, self.metrics)
             log.info("adaptive k schedule now %s (%s)", list(schedule), self.adaptive.mode)
 
     async def start(self) -> None:
         """Ask the engine which specrl fixes it runs, then self-test its sampler."""
         if self.k_schedule is not None:
-            # vLLM applies a start schedule only to its lookup: applied here as a change is,
-            # so that k=0 everywhere pauses the drafter from the start (vllm_control.py)
+            # an engine may take its start schedule as a lookup only (vLLM does): applied
+            # here as a change is, so that k=0 everywhere pauses the drafter from the start
             self._record_drafter(await self.engine.set_k_schedule(list(self.k_schedule)))
         if self.adaptive is not None:
             await self._apply_adaptive()
@@ -269,3 +269,15 @@ class RolloutService:
             for pos, count in enumerate(a.accepted_per_position):
                 m.accepted_per_position.labels(position=str(pos)).inc(count)
             m.acceptance_length.observe(a.acceptance_length)
+
+
+def _publish(controller: AdaptiveK, metrics: RolloutMetrics) -> None:
+    """The controller's k per batch range and the rates it chose from, as gauges."""
+    for r in controller.ranges:
+        metrics.adaptive_k.labels(batch_sizes=r.label).set(controller.k_for(r.first))
+        costs = controller.costs(r)
+        for k, rate in controller.rates(r, costs).items():
+            if k in costs:
+                metrics.adaptive_rate.labels(batch_sizes=r.label, k=str(k)).set(rate)
+        if (off := controller.off_rate(r)) is not None:
+            metrics.adaptive_rate.labels(batch_sizes=r.label, k="off").set(off)

@@ -9,10 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specrl.rollout.engines.base import Sampling
+from specrl.rollout.engines.base import DEFAULT_MAX_TOKENS, Sampling
 from specrl.v1 import rollout_pb2 as pb
-
-DEFAULT_MAX_TOKENS = 256
 
 
 class RequestError(ValueError):

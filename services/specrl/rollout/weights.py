@@ -24,6 +24,7 @@ from specrl.config import RolloutServerConfig, resolve_model_path
 from specrl.metrics import RolloutMetrics
 from specrl.rollout.admission import AdmissionGate, DrainTimeout
 from specrl.rollout.engines.base import Engine
+from specrl.speculation import has_draft_model
 from specrl.weightsync.group import JoinInfo
 from specrl.weightsync.manifest import Manifest, ManifestError
 from specrl.weightsync.names import Expected, checkpoint_tensors
@@ -90,7 +91,7 @@ class WeightUpdater:
 
     @property
     def has_draft_model(self) -> bool:
-        return self.cfg.speculation.method in ("eagle3", "draft_model")
+        return has_draft_model(self.cfg.speculation.method)
 
     @property
     def ready(self) -> bool:

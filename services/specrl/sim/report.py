@@ -11,7 +11,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specrl.bench.report import markdown_table, print_table
 from specrl.sim.calibrate import calibrate, error_summary
 from specrl.sim.decode import Replica
 from specrl.sim.hardware import GPU_EFFICIENCY
@@ -28,6 +27,7 @@ from specrl.sim.validate import (
     scenario_step,
     validation_table,
 )
+from specrl.tables import markdown_table, print_table
 
 COLUMNS = ("name", "paper_value", "predicted", "rel_error", "bounded", "implied_acceptance_length")
 VALIDATION_COLUMNS = (

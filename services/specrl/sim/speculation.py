@@ -9,17 +9,13 @@ tokens 1..i-1 were; the acceptance length (tokens per verification step) is then
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from scipy.optimize import brentq
 
 from specrl.sim.errors import SimError
 from specrl.sim.models import ModelShape, eagle3_head, get_model
-
-Method = Literal["none", "eagle3", "draft_model", "ngram"]
-MAX_K = 16
+from specrl.speculation import MAX_SPECULATIVE_TOKENS, Method
 
 
 class Speculation(BaseModel):
@@ -28,7 +24,7 @@ class Speculation(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     method: Method = "none"
-    k: int = Field(0, ge=0, le=MAX_K)
+    k: int = Field(0, ge=0, le=MAX_SPECULATIVE_TOKENS)
     acceptance: tuple[float, ...] = Field((), description="conditional acceptance per position, >= k")
     draft_model: str = Field("qwen3-0.6b", description="the external draft (method draft_model)")
     draft_vocab: int = Field(32000, gt=0, description="EAGLE-3's reduced output vocabulary")
@@ -95,8 +91,11 @@ def parse_acceptance(
         raise SimError(
             f"per-position acceptance must be comma-separated numbers, got {per_position!r}"
         ) from None
-    if len(values) > MAX_K:
-        raise SimError(f"per-position acceptance has {len(values)} values; drafts are at most {MAX_K} long")
+    if len(values) > MAX_SPECULATIVE_TOKENS:
+        raise SimError(
+            f"per-position acceptance has {len(values)} values; "
+            f"drafts are at most {MAX_SPECULATIVE_TOKENS} long"
+        )
     if any(not 0.0 <= v <= 1.0 for v in values):
         raise SimError(f"per-position acceptance values must lie in [0, 1], got {per_position!r}")
     return Speculation(method=method, k=len(values), acceptance=values)

@@ -13,21 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from specrl.trainer.api import Rollout
+
 
 class BatchError(ValueError):
     pass
-
-
-@dataclass(frozen=True)
-class Rollout:
-    prompt_ids: Sequence[int]
-    completion_ids: Sequence[int]
-    reward: float
-    # The rollout engine's logprobs of completion_ids (for truncated IS and mismatch
-    # monitoring); empty when unknown.
-    rollout_logprobs: Sequence[float] = ()
-    # Policy version that generated the sample; None: the trainer's current one.
-    policy_version: int | None = None
 
 
 @dataclass

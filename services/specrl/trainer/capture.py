@@ -8,44 +8,11 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
 
 import torch
 
 from specrl.config import CaptureConfig
-from specrl.draft.aux_layers import default_aux_layer_ids, gather_aux_hidden_states, validate_aux_layer_ids
-
-
-@dataclass
-class Captured:
-    """One micro-batch of features, all detached, on CPU."""
-
-    policy_version: int
-    input_ids: torch.Tensor  # [B, L]
-    attention_mask: torch.Tensor  # [B, L]
-    loss_mask: torch.Tensor  # [B, L-1] completion positions kept as signal
-    aux: torch.Tensor  # [B, L, n_aux * H]
-    target_logprobs: torch.Tensor  # [B, L-1, V] or top-k values [B, L-1, k]
-    target_ids: torch.Tensor | None  # [B, L-1, k] with top-k, else None
-    aux_layer_ids: tuple[int, ...] = ()  # the target layers `aux` was taken at
-
-    _TENSORS = ("input_ids", "attention_mask", "loss_mask", "aux", "target_logprobs", "target_ids")
-
-    def encode(self) -> bytes:
-        """The tensors as safetensors bytes (CapturedBatch.tensors)."""
-        from safetensors.torch import save
-
-        return save({k: getattr(self, k).contiguous() for k in self._TENSORS if getattr(self, k) is not None})
-
-    @classmethod
-    def decode(cls, data: bytes, *, policy_version: int, aux_layer_ids: tuple[int, ...]) -> Captured:
-        from safetensors.torch import load
-
-        t = load(data)
-        missing = [k for k in cls._TENSORS[:-1] if k not in t]
-        if missing:
-            raise ValueError(f"captured batch lacks {missing}")
-        return cls(policy_version, *(t[k] for k in cls._TENSORS[:-1]), t.get("target_ids"), aux_layer_ids)
+from specrl.features import Captured, default_aux_layer_ids, gather_aux_hidden_states, validate_aux_layer_ids
 
 
 class CaptureQueue:

@@ -24,14 +24,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from specrl.config import resolve_model_path
-from specrl.trainer.policy import Policy
+from specrl.trainer.state import TrainState
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def save(policy: Policy, directory: str | Path, *, policy_version: int | None = None) -> Path:
+def save(policy: TrainState, directory: str | Path, *, policy_version: int | None = None) -> Path:
     """Collective: every rank calls it. Returns the directory. The checkpoint is written
     beside it (DIR.partial) and renamed into place, so a process killed during a save
     leaves the previous checkpoint loadable."""
@@ -83,7 +83,7 @@ def _replace(new: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _export_hf(policy: Policy, state: dict[str, torch.Tensor], hf: Path) -> None:
+def _export_hf(policy: TrainState, state: dict[str, torch.Tensor], hf: Path) -> None:
     from safetensors.torch import save_file
 
     hf.mkdir(parents=True, exist_ok=True)
@@ -116,7 +116,7 @@ def read_meta(checkpoint: Path) -> dict:
     return json.loads((checkpoint / "meta.json").read_text())
 
 
-def load(policy: Policy, directory: str | Path) -> dict:
+def load(policy: TrainState, directory: str | Path) -> dict:
     """Collective: restore a checkpoint saved by `save` into a policy built with the same
     configuration (any parallel layout). Returns its meta."""
     src = find(directory)

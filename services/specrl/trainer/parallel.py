@@ -1,10 +1,14 @@
-"""Parallelism applied to a plain HF causal LM by separate functions (torchtitan style):
-`apply_tp` (Megatron split of attention and MLP projections with DTensor) and
-`apply_fsdp` (FSDP2 `fully_shard` per decoder layer and at the root). Gloo on CPU, NCCL
-on GPU; the model code never changes.
+"""Parallelism applied to a plain HF causal LM from outside (torchtitan style): the model
+code never changes. `ParallelDims` owns the [dp, tp] device mesh; `parallelize` applies
+tensor parallel (`apply_tp`: Megatron split of attention and MLP projections with DTensor)
+and then FSDP2 (`apply_fsdp`: `fully_shard` per decoder layer and at the root). Gloo on
+CPU, NCCL on GPU. The gradient helpers the train step needs with these layouts (partial
+TP gradients, the global norm over sharded gradients) live here too.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -13,14 +17,54 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 
-def build_mesh(tp: int, dp: int, device_type: str) -> DeviceMesh | None:
-    """A [dp, tp] mesh over the default process group (None when single-process)."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if tp * dp != world:
-        raise ValueError(f"tp ({tp}) x dp ({dp}) must equal the number of ranks ({world})")
-    if world == 1:
-        return None
-    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+@dataclass(frozen=True)
+class ParallelDims:
+    """The trainer's parallel layout: `tp` x `dp` ranks over the default process group,
+    and the mesh whose axes are named "dp" and "tp" (None in a single process)."""
+
+    tp: int
+    dp: int
+    mesh: DeviceMesh | None
+
+    @classmethod
+    def build(cls, *, tp: int, dp: int, device_type: str) -> ParallelDims:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if tp * dp != world:
+            raise ValueError(f"tp ({tp}) x dp ({dp}) must equal the number of ranks ({world})")
+        mesh = init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp")) if world > 1 else None
+        return cls(tp, dp, mesh)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        return self.mesh["dp"].get_group() if self.mesh is not None else None
+
+    @property
+    def tp_rank(self) -> int:
+        return self.mesh["tp"].get_local_rank() if self.mesh is not None else 0
+
+
+def parallelize(model: nn.Module, dims: ParallelDims) -> None:
+    """Give `model` (in place) the layout `dims` describes, in this order:
+
+    1. Tensor parallel first: it turns the projections' weights into DTensors sharded
+       over the "tp" axis and installs the KV-head hooks; its plan needs plain
+       parameters, so it cannot come after FSDP2.
+    2. FSDP2 last: it shards whatever parameters it finds (plain, or TP's DTensors:
+       2-D sharding) over the "dp" axis, each decoder layer as its own unit, then the
+       root (embeddings, final norm, head).
+
+    Activation checkpointing and compile, if they come, go between the two (torchtitan's
+    order). The trainer applies the same layout to the policy and its frozen reference."""
+    if dims.mesh is None:
+        return
+    if dims.tp > 1:
+        apply_tp(model, dims.mesh["tp"])
+    if dims.dp > 1:
+        apply_fsdp(model, dims.mesh["dp"])
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -14,8 +14,9 @@ import grpc
 from specrl import serving, shutdown
 from specrl.config import TrainerServerConfig, resolve_model_path
 from specrl.trainer import checkpoint
-from specrl.trainer.batch import BatchError, Rollout
-from specrl.trainer.policy import Mismatch
+from specrl.trainer.api import from_proto
+from specrl.trainer.batch import BatchError
+from specrl.trainer.logprobs import Mismatch
 from specrl.trainer.service import TrainerCore, init_distributed, load_batch_file
 from specrl.v1 import trainer_pb2 as pb
 from specrl.v1 import trainer_pb2_grpc as pb_grpc
@@ -23,19 +24,6 @@ from specrl.weightsync.sender import WeightSyncError
 
 log = logging.getLogger("specrl.trainer.server")
 SERVICE_NAME = "specrl.v1.TrainerService"
-
-
-def _rollouts(samples) -> list[Rollout]:
-    return [
-        Rollout(
-            list(s.prompt_ids),
-            list(s.completion_ids),
-            s.reward,
-            list(s.rollout_logprobs),
-            s.policy_version if s.HasField("policy_version") else None,
-        )
-        for s in samples
-    ]
 
 
 def _mismatch(m: Mismatch | None) -> pb.Mismatch | None:
@@ -58,7 +46,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         t0 = time.perf_counter()
         lps, mm = self._guarded(
             context,
-            lambda: self.core.compute_logprobs(_rollouts(request.samples), reference=request.reference),
+            lambda: self.core.compute_logprobs(
+                [from_proto(s) for s in request.samples], reference=request.reference
+            ),
         )
         return pb.ComputeLogprobsResponse(
             completions=[pb.CompletionLogprobs(logprobs=x) for x in lps],
@@ -71,7 +61,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             if request.HasField("batch_ref"):
                 rollouts = load_batch_file(request.batch_ref)
             elif request.HasField("inline"):
-                rollouts = _rollouts(request.inline.samples)
+                rollouts = [from_proto(s) for s in request.inline.samples]
             else:
                 raise BatchError("TrainStep needs a batch: inline or batch_ref")
             return self.core.train_step(rollouts, request.group_size)
@@ -79,14 +69,14 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         m = self._guarded(context, run)
         fields = {k: getattr(m, k) for k in pb.StepMetrics.DESCRIPTOR.fields_by_name if k != "mismatch"}
         return pb.TrainStepResponse(
-            metrics=pb.StepMetrics(**fields, mismatch=_mismatch(m.mismatch)), step=self.core.policy.step_count
+            metrics=pb.StepMetrics(**fields, mismatch=_mismatch(m.mismatch)), step=self.core.state.step_count
         )
 
     def SaveCheckpoint(self, request, context):
         if not request.path:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "SaveCheckpoint needs a path")
         path = self._guarded(context, lambda: self.core.save(request.path))
-        return pb.SaveCheckpointResponse(path=path, step=self.core.policy.step_count, hf_path=f"{path}/hf")
+        return pb.SaveCheckpointResponse(path=path, step=self.core.state.step_count, hf_path=f"{path}/hf")
 
     def LoadCheckpoint(self, request, context):
         if not request.path:
@@ -98,6 +88,14 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         log.info("restored %s: policy v%d", request.path, step)
         return pb.LoadCheckpointResponse(step=step)
+
+    def FindCheckpoint(self, request, context):
+        if not request.directory:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "FindCheckpoint needs a directory")
+        found = checkpoint.find(request.directory)
+        if found is None:
+            return pb.CheckpointInfo()
+        return pb.CheckpointInfo(path=str(found), step=checkpoint.read_meta(found)["step"])
 
     def PushWeights(self, request, context):
         replicas = list(request.replicas)
@@ -116,7 +114,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         fill. A batch taken off the queue as the client goes away is lost, as a batch
         dropped from a full queue is: draft training tolerates gaps, the policy never
         waits."""
-        capturer = self.core.policy.capturer
+        capturer = self.core.state.capturer
         if capturer is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "capture is off (trainer.capture.enabled)")
         sent = 0
@@ -125,13 +123,11 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
                 c = capturer.queue.get(timeout=0.5)
             except queue.Empty:
                 continue
-            yield pb.CapturedBatch(
-                policy_version=c.policy_version, aux_layer_ids=c.aux_layer_ids, tensors=c.encode()
-            )
+            yield c.to_message()
             sent += 1
 
     def GetStatus(self, request, context):
-        p, cfg = self.core.policy, self.core.cfg
+        p, cfg = self.core.state, self.core.cfg
         q = p.capturer.queue if p.capturer else None
         return pb.TrainerStatus(
             model=resolve_model_path(cfg.model),
@@ -159,7 +155,7 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> NoRetur
         cfg.trainer, trainer_metrics, weight_sync=cfg.weight_sync, sender_metrics=sender_metrics
     )
     if cfg.resume:
-        meta = checkpoint.load(core.policy, cfg.resume)  # collective: every rank
+        meta = checkpoint.load(core.state, cfg.resume)  # collective: every rank
         log.info("rank %d resumed from %s at step %d", rank, cfg.resume, meta["step"])
     if rank != 0:
         core.follow()

@@ -1,5 +1,6 @@
-"""The trainer's core, no gRPC: every rank holds a Policy shard; rank 0 receives commands
-and broadcasts them so all ranks run the same collective operations in the same order.
+"""The trainer's core, no gRPC: every rank holds its shard of the `TrainState`; rank 0
+receives commands and broadcasts them so all ranks run the same collective operations in
+the same order.
 
 Requests are validated on rank 0 before anything is broadcast: a bad batch is refused
 with the offending sample named, and no rank trains on it.
@@ -22,8 +23,11 @@ from specrl.config import TrainerConfig, WeightSenderConfig
 from specrl.devices import local_device
 from specrl.metrics import TrainerMetrics, WeightSenderMetrics
 from specrl.trainer import checkpoint
-from specrl.trainer.batch import BatchError, Rollout, collate, validate
-from specrl.trainer.policy import Mismatch, Policy, StepMetrics, mismatch
+from specrl.trainer.api import Rollout
+from specrl.trainer.batch import BatchError, collate, validate
+from specrl.trainer.logprobs import Mismatch, logprobs, mismatch
+from specrl.trainer.state import TrainState
+from specrl.trainer.step import StepMetrics, train_step
 from specrl.weightsync.sender import WeightSender
 
 log = logging.getLogger("specrl.trainer")
@@ -75,7 +79,7 @@ class TrainerCore:
         sender_metrics: WeightSenderMetrics | None = None,
     ) -> None:
         self.cfg = cfg
-        self.policy = Policy(cfg, device=local_device())
+        self.state = TrainState.build(cfg, device=local_device())
         self.metrics = metrics
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.weight_sync = weight_sync or WeightSenderConfig()
@@ -87,13 +91,13 @@ class TrainerCore:
     def compute_logprobs(
         self, rollouts: Sequence[Rollout], *, reference: bool = False
     ) -> tuple[list[list[float]], Mismatch | None]:
-        validate(rollouts, self.policy.vocab_size)
-        if reference and self.policy.reference is None:
-            raise BatchError("no reference policy: grpo.kl_coef is 0")
+        validate(rollouts, self.state.vocab_size)
+        if reference and self.state.reference is None:
+            raise BatchError(f"no reference policy: trainer.loss {self.cfg.loss!r} reads none")
         return self._run("logprobs", (list(rollouts), reference))
 
     def train_step(self, rollouts: Sequence[Rollout], group_size: int) -> StepMetrics:
-        validate(rollouts, self.policy.vocab_size)
+        validate(rollouts, self.state.vocab_size)
         if group_size < 1 or len(rollouts) % group_size:
             raise BatchError(f"{len(rollouts)} samples do not split into groups of {group_size}")
         if len(rollouts) % self.cfg.dp:
@@ -117,7 +121,7 @@ class TrainerCore:
         `rewind` (a resumed run): a new weight group sends the policy to every replica,
         whatever version it serves, and later pushes replace newer versions too."""
         t0 = time.perf_counter()
-        version = self.policy.step_count
+        version = self.state.step_count
         sender = self._weight_sender()
         out = PushOutcome(version)
         if rewind:
@@ -150,12 +154,12 @@ class TrainerCore:
         collective) when sharded."""
         if dist.is_initialized() and dist.get_world_size() > 1:
             return self._run("gather", None).items
-        return self.policy.model.named_parameters
+        return self.state.model.named_parameters
 
     def _weight_sender(self) -> WeightSender:
         if self._sender is None:
             self._sender = WeightSender(
-                self.weight_sync, metrics=self.sender_metrics, device=self.policy.device
+                self.weight_sync, metrics=self.sender_metrics, device=self.state.device
             )
         return self._sender
 
@@ -186,23 +190,23 @@ class TrainerCore:
                 log.exception("rank %d: %s failed", self.rank, op)
 
     def _execute(self, op: str, payload):
-        policy = self.policy
+        state = self.state
         if op == "logprobs":
             rollouts, reference = payload
-            batch = collate(rollouts, policy.vocab_size)
-            lp = policy.logprobs(batch, reference=reference).cpu()
+            batch = collate(rollouts, state.vocab_size)
+            lp = logprobs(state, batch, reference=reference).cpu()
             out = [lp[i][batch.mask[i].bool()].tolist() for i in range(batch.size)]
-            return out, mismatch(lp, batch.rollout_logprobs, batch.mask_of_version(policy.step_count))
+            return out, mismatch(lp, batch.rollout_logprobs, batch.mask_of_version(state.step_count))
         if op == "train":
             rollouts, group_size = payload
-            return policy.train_step(collate(rollouts, policy.vocab_size), group_size)
+            return train_step(state, collate(rollouts, state.vocab_size), group_size)
         if op == "save":
-            checkpoint.save(policy, payload)
+            checkpoint.save(state, payload)
             return payload
         if op == "load":
-            return checkpoint.load(policy, payload)
+            return checkpoint.load(state, payload)
         if op == "gather":
-            return policy.full_state(keep=self.rank == 0)
+            return state.full_state(keep=self.rank == 0)
         raise ValueError(f"unknown trainer command {op!r}")
 
     def _observe(self, m: StepMetrics) -> None:
@@ -215,14 +219,14 @@ class TrainerCore:
         r.tokens.inc(m.tokens)
         seconds = m.logprob_seconds + m.train_seconds
         r.tokens_per_second.set(m.tokens / seconds if seconds > 0 else 0)
-        for stat in ("loss", "pg_loss", "kl", "clip_fraction", "entropy", "grad_norm", "is_weight"):
-            r.step_value.labels(stat=stat).set(getattr(m, stat))
+        for stat, value in m.stats.items():
+            r.step_value.labels(stat=stat).set(value)
         if m.mismatch is not None:
             r.mismatch_kl.set(m.mismatch.kl)
             r.mismatch_max_abs.set(m.mismatch.max_abs)
-        if self.policy.capturer is not None:
-            r.capture_queue.set(self.policy.capturer.queue.qsize())
-            r.capture_dropped.set(self.policy.capturer.queue.dropped)
+        if self.state.capturer is not None:
+            r.capture_queue.set(self.state.capturer.queue.qsize())
+            r.capture_dropped.set(self.state.capturer.queue.dropped)
 
 
 def init_distributed() -> None:

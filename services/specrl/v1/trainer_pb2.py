@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specrl/v1/trainer.proto\x12\tspecrl.v1\"\x95\x01\n\rRolloutSample\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x16\n\x0e\x63ompletion_ids\x18\x02 \x03(\x05\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x18\n\x10rollout_logprobs\x18\x04 \x03(\x02\x12\x1b\n\x0epolicy_version\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x11\n\x0f_policy_version\"V\n\x16\x43omputeLogprobsRequest\x12)\n\x07samples\x18\x01 \x03(\x0b\x32\x18.specrl.v1.RolloutSample\x12\x11\n\treference\x18\x02 \x01(\x08\"&\n\x12\x43ompletionLogprobs\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\"7\n\x08Mismatch\x12\n\n\x02kl\x18\x01 \x01(\x01\x12\x0f\n\x07max_abs\x18\x02 \x01(\x01\x12\x0e\n\x06tokens\x18\x03 \x01(\x03\"\x85\x01\n\x17\x43omputeLogprobsResponse\x12\x32\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1d.specrl.v1.CompletionLogprobs\x12%\n\x08mismatch\x18\x02 \x01(\x0b\x32\x13.specrl.v1.Mismatch\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"m\n\x10TrainStepRequest\x12\'\n\x06inline\x18\x01 \x01(\x0b\x32\x15.specrl.v1.TrainBatchH\x00\x12\x13\n\tbatch_ref\x18\x02 \x01(\tH\x00\x12\x12\n\ngroup_size\x18\x03 \x01(\x05\x42\x07\n\x05\x62\x61tch\"7\n\nTrainBatch\x12)\n\x07samples\x18\x01 \x03(\x0b\x32\x18.specrl.v1.RolloutSample\"\x89\x02\n\x0bStepMetrics\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12\x0f\n\x07pg_loss\x18\x02 \x01(\x01\x12\n\n\x02kl\x18\x03 \x01(\x01\x12\x15\n\rclip_fraction\x18\x04 \x01(\x01\x12\x0f\n\x07\x65ntropy\x18\x05 \x01(\x01\x12\x11\n\tgrad_norm\x18\x06 \x01(\x01\x12\x11\n\tis_weight\x18\x07 \x01(\x01\x12\x0e\n\x06tokens\x18\x08 \x01(\x03\x12\x17\n\x0flogprob_seconds\x18\t \x01(\x01\x12\x15\n\rtrain_seconds\x18\n \x01(\x01\x12\x1a\n\x12\x61\x64vantages_nonzero\x18\x0b \x01(\x01\x12%\n\x08mismatch\x18\x0c \x01(\x0b\x32\x13.specrl.v1.Mismatch\"J\n\x11TrainStepResponse\x12\'\n\x07metrics\x18\x01 \x01(\x0b\x32\x16.specrl.v1.StepMetrics\x12\x0c\n\x04step\x18\x02 \x01(\x03\"%\n\x15SaveCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"E\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0f\n\x07hf_path\x18\x03 \x01(\t\"%\n\x15LoadCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"&\n\x16LoadCheckpointResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\"\x19\n\x17GetTrainerStatusRequest\"\x8d\x01\n\rTrainerStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\n\n\x02tp\x18\x02 \x01(\x05\x12\n\n\x02\x64p\x18\x03 \x01(\x05\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x17\n\x0f\x63\x61pture_enabled\x18\x05 \x01(\x08\x12\x15\n\rcapture_queue\x18\x06 \x01(\x05\x12\x17\n\x0f\x63\x61pture_dropped\x18\x07 \x01(\x03\"6\n\x12PushWeightsRequest\x12\x10\n\x08replicas\x18\x01 \x03(\t\x12\x0e\n\x06rewind\x18\x02 \x01(\x08\"\xb0\x02\n\x13PushWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07updated\x18\x02 \x03(\t\x12<\n\x07\x64ropped\x18\x03 \x03(\x0b\x32+.specrl.v1.PushWeightsResponse.DroppedEntry\x12\r\n\x05\x62ytes\x18\x04 \x01(\x03\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12:\n\x06phases\x18\x06 \x03(\x0b\x32*.specrl.v1.PushWeightsResponse.PhasesEntry\x1a.\n\x0c\x44roppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bPhasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\",\n\x15StreamCapturesRequest\x12\x13\n\x0bmax_batches\x18\x01 \x01(\x05\"O\n\rCapturedBatch\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x15\n\raux_layer_ids\x18\x02 \x03(\x05\x12\x0f\n\x07tensors\x18\x03 \x01(\x0c\x32\xc9\x04\n\x0eTrainerService\x12X\n\x0f\x43omputeLogprobs\x12!.specrl.v1.ComputeLogprobsRequest\x1a\".specrl.v1.ComputeLogprobsResponse\x12\x46\n\tTrainStep\x12\x1b.specrl.v1.TrainStepRequest\x1a\x1c.specrl.v1.TrainStepResponse\x12U\n\x0eSaveCheckpoint\x12 .specrl.v1.SaveCheckpointRequest\x1a!.specrl.v1.SaveCheckpointResponse\x12U\n\x0eLoadCheckpoint\x12 .specrl.v1.LoadCheckpointRequest\x1a!.specrl.v1.LoadCheckpointResponse\x12I\n\tGetStatus\x12\".specrl.v1.GetTrainerStatusRequest\x1a\x18.specrl.v1.TrainerStatus\x12L\n\x0bPushWeights\x12\x1d.specrl.v1.PushWeightsRequest\x1a\x1e.specrl.v1.PushWeightsResponse\x12N\n\x0eStreamCaptures\x12 .specrl.v1.StreamCapturesRequest\x1a\x18.specrl.v1.CapturedBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specrl/v1/trainer.proto\x12\tspecrl.v1\"\x95\x01\n\rRolloutSample\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x16\n\x0e\x63ompletion_ids\x18\x02 \x03(\x05\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x18\n\x10rollout_logprobs\x18\x04 \x03(\x02\x12\x1b\n\x0epolicy_version\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x11\n\x0f_policy_version\"V\n\x16\x43omputeLogprobsRequest\x12)\n\x07samples\x18\x01 \x03(\x0b\x32\x18.specrl.v1.RolloutSample\x12\x11\n\treference\x18\x02 \x01(\x08\"&\n\x12\x43ompletionLogprobs\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\"7\n\x08Mismatch\x12\n\n\x02kl\x18\x01 \x01(\x01\x12\x0f\n\x07max_abs\x18\x02 \x01(\x01\x12\x0e\n\x06tokens\x18\x03 \x01(\x03\"\x85\x01\n\x17\x43omputeLogprobsResponse\x12\x32\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1d.specrl.v1.CompletionLogprobs\x12%\n\x08mismatch\x18\x02 \x01(\x0b\x32\x13.specrl.v1.Mismatch\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"m\n\x10TrainStepRequest\x12\'\n\x06inline\x18\x01 \x01(\x0b\x32\x15.specrl.v1.TrainBatchH\x00\x12\x13\n\tbatch_ref\x18\x02 \x01(\tH\x00\x12\x12\n\ngroup_size\x18\x03 \x01(\x05\x42\x07\n\x05\x62\x61tch\"7\n\nTrainBatch\x12)\n\x07samples\x18\x01 \x03(\x0b\x32\x18.specrl.v1.RolloutSample\"\xb7\x02\n\x0bStepMetrics\x12\x30\n\x05stats\x18\r \x03(\x0b\x32!.specrl.v1.StepMetrics.StatsEntry\x12\x0e\n\x06tokens\x18\x08 \x01(\x03\x12\x17\n\x0flogprob_seconds\x18\t \x01(\x01\x12\x15\n\rtrain_seconds\x18\n \x01(\x01\x12\x1a\n\x12\x61\x64vantages_nonzero\x18\x0b \x01(\x01\x12%\n\x08mismatch\x18\x0c \x01(\x0b\x32\x13.specrl.v1.Mismatch\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x01\x10\x08R\x04lossR\x07pg_lossR\x02klR\rclip_fractionR\x07\x65ntropyR\tgrad_normR\tis_weight\"J\n\x11TrainStepResponse\x12\'\n\x07metrics\x18\x01 \x01(\x0b\x32\x16.specrl.v1.StepMetrics\x12\x0c\n\x04step\x18\x02 \x01(\x03\"%\n\x15SaveCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"E\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0f\n\x07hf_path\x18\x03 \x01(\t\"%\n\x15LoadCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"&\n\x16LoadCheckpointResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\"*\n\x15\x46indCheckpointRequest\x12\x11\n\tdirectory\x18\x01 \x01(\t\",\n\x0e\x43heckpointInfo\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"\x19\n\x17GetTrainerStatusRequest\"\x8d\x01\n\rTrainerStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\n\n\x02tp\x18\x02 \x01(\x05\x12\n\n\x02\x64p\x18\x03 \x01(\x05\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x17\n\x0f\x63\x61pture_enabled\x18\x05 \x01(\x08\x12\x15\n\rcapture_queue\x18\x06 \x01(\x05\x12\x17\n\x0f\x63\x61pture_dropped\x18\x07 \x01(\x03\"6\n\x12PushWeightsRequest\x12\x10\n\x08replicas\x18\x01 \x03(\t\x12\x0e\n\x06rewind\x18\x02 \x01(\x08\"\xb0\x02\n\x13PushWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07updated\x18\x02 \x03(\t\x12<\n\x07\x64ropped\x18\x03 \x03(\x0b\x32+.specrl.v1.PushWeightsResponse.DroppedEntry\x12\r\n\x05\x62ytes\x18\x04 \x01(\x03\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12:\n\x06phases\x18\x06 \x03(\x0b\x32*.specrl.v1.PushWeightsResponse.PhasesEntry\x1a.\n\x0c\x44roppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bPhasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\",\n\x15StreamCapturesRequest\x12\x13\n\x0bmax_batches\x18\x01 \x01(\x05\"O\n\rCapturedBatch\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x15\n\raux_layer_ids\x18\x02 \x03(\x05\x12\x0f\n\x07tensors\x18\x03 \x01(\x0c\x32\x98\x05\n\x0eTrainerService\x12X\n\x0f\x43omputeLogprobs\x12!.specrl.v1.ComputeLogprobsRequest\x1a\".specrl.v1.ComputeLogprobsResponse\x12\x46\n\tTrainStep\x12\x1b.specrl.v1.TrainStepRequest\x1a\x1c.specrl.v1.TrainStepResponse\x12U\n\x0eSaveCheckpoint\x12 .specrl.v1.SaveCheckpointRequest\x1a!.specrl.v1.SaveCheckpointResponse\x12U\n\x0eLoadCheckpoint\x12 .specrl.v1.LoadCheckpointRequest\x1a!.specrl.v1.LoadCheckpointResponse\x12M\n\x0e\x46indCheckpoint\x12 .specrl.v1.FindCheckpointRequest\x1a\x19.specrl.v1.CheckpointInfo\x12I\n\tGetStatus\x12\".specrl.v1.GetTrainerStatusRequest\x1a\x18.specrl.v1.TrainerStatus\x12L\n\x0bPushWeights\x12\x1d.specrl.v1.PushWeightsRequest\x1a\x1e.specrl.v1.PushWeightsResponse\x12N\n\x0eStreamCaptures\x12 .specrl.v1.StreamCapturesRequest\x1a\x18.specrl.v1.CapturedBatch0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specrl.v1.trainer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_STEPMETRICS_STATSENTRY']._loaded_options = None
+  _globals['_STEPMETRICS_STATSENTRY']._serialized_options = b'8\001'
   _globals['_PUSHWEIGHTSRESPONSE_DROPPEDENTRY']._loaded_options = None
   _globals['_PUSHWEIGHTSRESPONSE_DROPPEDENTRY']._serialized_options = b'8\001'
   _globals['_PUSHWEIGHTSRESPONSE_PHASESENTRY']._loaded_options = None
@@ -50,33 +52,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAINBATCH']._serialized_start=622
   _globals['_TRAINBATCH']._serialized_end=677
   _globals['_STEPMETRICS']._serialized_start=680
-  _globals['_STEPMETRICS']._serialized_end=945
-  _globals['_TRAINSTEPRESPONSE']._serialized_start=947
-  _globals['_TRAINSTEPRESPONSE']._serialized_end=1021
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1023
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1060
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1062
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1131
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=1133
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=1170
-  _globals['_LOADCHECKPOINTRESPONSE']._serialized_start=1172
-  _globals['_LOADCHECKPOINTRESPONSE']._serialized_end=1210
-  _globals['_GETTRAINERSTATUSREQUEST']._serialized_start=1212
-  _globals['_GETTRAINERSTATUSREQUEST']._serialized_end=1237
-  _globals['_TRAINERSTATUS']._serialized_start=1240
-  _globals['_TRAINERSTATUS']._serialized_end=1381
-  _globals['_PUSHWEIGHTSREQUEST']._serialized_start=1383
-  _globals['_PUSHWEIGHTSREQUEST']._serialized_end=1437
-  _globals['_PUSHWEIGHTSRESPONSE']._serialized_start=1440
-  _globals['_PUSHWEIGHTSRESPONSE']._serialized_end=1744
-  _globals['_PUSHWEIGHTSRESPONSE_DROPPEDENTRY']._serialized_start=1651
-  _globals['_PUSHWEIGHTSRESPONSE_DROPPEDENTRY']._serialized_end=1697
-  _globals['_PUSHWEIGHTSRESPONSE_PHASESENTRY']._serialized_start=1699
-  _globals['_PUSHWEIGHTSRESPONSE_PHASESENTRY']._serialized_end=1744
-  _globals['_STREAMCAPTURESREQUEST']._serialized_start=1746
-  _globals['_STREAMCAPTURESREQUEST']._serialized_end=1790
-  _globals['_CAPTUREDBATCH']._serialized_start=1792
-  _globals['_CAPTUREDBATCH']._serialized_end=1871
-  _globals['_TRAINERSERVICE']._serialized_start=1874
-  _globals['_TRAINERSERVICE']._serialized_end=2459
+  _globals['_STEPMETRICS']._serialized_end=991
+  _globals['_STEPMETRICS_STATSENTRY']._serialized_start=876
+  _globals['_STEPMETRICS_STATSENTRY']._serialized_end=920
+  _globals['_TRAINSTEPRESPONSE']._serialized_start=993
+  _globals['_TRAINSTEPRESPONSE']._serialized_end=1067
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1069
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1106
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1108
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1177
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=1179
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=1216
+  _globals['_LOADCHECKPOINTRESPONSE']._serialized_start=1218
+  _globals['_LOADCHECKPOINTRESPONSE']._serialized_end=1256
+  _globals['_FINDCHECKPOINTREQUEST']._serialized_start=1258
+  _globals['_FINDCHECKPOINTREQUEST']._serialized_end=1300
+  _globals['_CHECKPOINTINFO']._serialized_start=1302
+  _globals['_CHECKPOINTINFO']._serialized_end=1346
+  _globals['_GETTRAINERSTATUSREQUEST']._serialized_start=1348
+  _globals['_GETTRAINERSTATUSREQUEST']._serialized_end=1373
+  _globals['_TRAINERSTATUS']._serialized_start=1376
+  _globals['_TRAINERSTATUS']._serialized_end=1517
+  _globals['_PUSHWEIGHTSREQUEST']._serialized_start=1519
+  _globals['_PUSHWEIGHTSREQUEST']._serialized_end=1573
+  _globals['_PUSHWEIGHTSRESPONSE']._serialized_start=1576
+  _globals['_PUSHWEIGHTSRESPONSE']._serialized_end=1880
+  _globals['_PUSHWEIGHTSRESPONSE_DROPPEDENTRY']._serialized_start=1787
+  _globals['_PUSHWEIGHTSRESPONSE_DROPPEDENTRY']._serialized_end=1833
+  _globals['_PUSHWEIGHTSRESPONSE_PHASESENTRY']._serialized_start=1835
+  _globals['_PUSHWEIGHTSRESPONSE_PHASESENTRY']._serialized_end=1880
+  _globals['_STREAMCAPTURESREQUEST']._serialized_start=1882
+  _globals['_STREAMCAPTURESREQUEST']._serialized_end=1926
+  _globals['_CAPTUREDBATCH']._serialized_start=1928
+  _globals['_CAPTUREDBATCH']._serialized_end=2007
+  _globals['_TRAINERSERVICE']._serialized_start=2010
+  _globals['_TRAINERSERVICE']._serialized_end=2674
 # @@protoc_insertion_point(module_scope)

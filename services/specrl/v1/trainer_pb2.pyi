@@ -71,32 +71,27 @@ class TrainBatch(_message.Message):
     def __init__(self, samples: _Optional[_Iterable[_Union[RolloutSample, _Mapping]]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("loss", "pg_loss", "kl", "clip_fraction", "entropy", "grad_norm", "is_weight", "tokens", "logprob_seconds", "train_seconds", "advantages_nonzero", "mismatch")
-    LOSS_FIELD_NUMBER: _ClassVar[int]
-    PG_LOSS_FIELD_NUMBER: _ClassVar[int]
-    KL_FIELD_NUMBER: _ClassVar[int]
-    CLIP_FRACTION_FIELD_NUMBER: _ClassVar[int]
-    ENTROPY_FIELD_NUMBER: _ClassVar[int]
-    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
-    IS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("stats", "tokens", "logprob_seconds", "train_seconds", "advantages_nonzero", "mismatch")
+    class StatsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    STATS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ADVANTAGES_NONZERO_FIELD_NUMBER: _ClassVar[int]
     MISMATCH_FIELD_NUMBER: _ClassVar[int]
-    loss: float
-    pg_loss: float
-    kl: float
-    clip_fraction: float
-    entropy: float
-    grad_norm: float
-    is_weight: float
+    stats: _containers.ScalarMap[str, float]
     tokens: int
     logprob_seconds: float
     train_seconds: float
     advantages_nonzero: float
     mismatch: Mismatch
-    def __init__(self, loss: _Optional[float] = ..., pg_loss: _Optional[float] = ..., kl: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., entropy: _Optional[float] = ..., grad_norm: _Optional[float] = ..., is_weight: _Optional[float] = ..., tokens: _Optional[int] = ..., logprob_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., advantages_nonzero: _Optional[float] = ..., mismatch: _Optional[_Union[Mismatch, _Mapping]] = ...) -> None: ...
+    def __init__(self, stats: _Optional[_Mapping[str, float]] = ..., tokens: _Optional[int] = ..., logprob_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., advantages_nonzero: _Optional[float] = ..., mismatch: _Optional[_Union[Mismatch, _Mapping]] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
     __slots__ = ("metrics", "step")
@@ -133,6 +128,20 @@ class LoadCheckpointResponse(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     step: int
     def __init__(self, step: _Optional[int] = ...) -> None: ...
+
+class FindCheckpointRequest(_message.Message):
+    __slots__ = ("directory",)
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    directory: str
+    def __init__(self, directory: _Optional[str] = ...) -> None: ...
+
+class CheckpointInfo(_message.Message):
+    __slots__ = ("path", "step")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    step: int
+    def __init__(self, path: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
 
 class GetTrainerStatusRequest(_message.Message):
     __slots__ = ()

@@ -54,6 +54,11 @@ class TrainerServiceStub:
                 request_serializer=specrl_dot_v1_dot_trainer__pb2.LoadCheckpointRequest.SerializeToString,
                 response_deserializer=specrl_dot_v1_dot_trainer__pb2.LoadCheckpointResponse.FromString,
                 _registered_method=True)
+        self.FindCheckpoint = channel.unary_unary(
+                '/specrl.v1.TrainerService/FindCheckpoint',
+                request_serializer=specrl_dot_v1_dot_trainer__pb2.FindCheckpointRequest.SerializeToString,
+                response_deserializer=specrl_dot_v1_dot_trainer__pb2.CheckpointInfo.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/specrl.v1.TrainerService/GetStatus',
                 request_serializer=specrl_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.SerializeToString,
@@ -83,7 +88,8 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def TrainStep(self, request, context):
-        """One GRPO optimizer step on a batch given inline or by reference.
+        """One training step (trainer.loss; GRPO by default) on a batch given inline or by
+        reference.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -99,6 +105,14 @@ class TrainerServiceServicer:
         """Restore a checkpoint SaveCheckpoint wrote (weights, optimizer, RNG, policy version),
         in place: a resumed run brings a trainer that kept running, or restarted on its
         initial weights, back to the run's last checkpoint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FindCheckpoint(self, request, context):
+        """The complete checkpoint a directory holds, read on the trainer's own disk (a save
+        killed between its renames leaves it at DIR.old); what --resume goes back to.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -153,6 +167,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.LoadCheckpoint,
                     request_deserializer=specrl_dot_v1_dot_trainer__pb2.LoadCheckpointRequest.FromString,
                     response_serializer=specrl_dot_v1_dot_trainer__pb2.LoadCheckpointResponse.SerializeToString,
+            ),
+            'FindCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindCheckpoint,
+                    request_deserializer=specrl_dot_v1_dot_trainer__pb2.FindCheckpointRequest.FromString,
+                    response_serializer=specrl_dot_v1_dot_trainer__pb2.CheckpointInfo.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -278,6 +297,33 @@ class TrainerService:
             '/specrl.v1.TrainerService/LoadCheckpoint',
             specrl_dot_v1_dot_trainer__pb2.LoadCheckpointRequest.SerializeToString,
             specrl_dot_v1_dot_trainer__pb2.LoadCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specrl.v1.TrainerService/FindCheckpoint',
+            specrl_dot_v1_dot_trainer__pb2.FindCheckpointRequest.SerializeToString,
+            specrl_dot_v1_dot_trainer__pb2.CheckpointInfo.FromString,
             options,
             channel_credentials,
             insecure,

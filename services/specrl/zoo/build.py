@@ -14,14 +14,14 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
 
-from specrl.config import specrl_home
+from specrl.config import ZOO_SCHEME, specrl_home
 from specrl.zoo.isolated import fingerprint, run_isolated
 
 # Bump when anything below changes what gets built (4: built in a fixed numeric
@@ -107,6 +107,13 @@ def locked(root: Path):
 def load_manifest(root: Path) -> dict | None:
     path = root / "manifest.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def build_if_used(refs: Iterable[str], console: Console | None = None) -> None:
+    """Build the zoo (or reuse the cached build) when a model reference a command is about
+    to load names it (zoo:NAME); the product only resolves such references."""
+    if any(r.startswith(ZOO_SCHEME) for r in refs):
+        build_zoo(console=console)
 
 
 def build_zoo(
@@ -212,7 +219,7 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from specrl.zoo import task, tokenizer
+    from specrl.data import task, tokenizer
     from specrl.zoo.pretrain import train_causal_lm
     from specrl.zoo.rollouts import test_accuracy
 
@@ -365,9 +372,9 @@ def build_eagle_heads(
     scored on the same held-out completions. Returns their manifest entries."""
     import torch
 
-    from specrl.draft.aux_layers import default_aux_layer_ids
     from specrl.draft.eagle3 import Eagle3Head
     from specrl.draft.offline import capture, evaluate_head, train_head
+    from specrl.features import default_aux_layer_ids
     from specrl.zoo import generic_text
 
     aux_ids = default_aux_layer_ids(target.config.num_hidden_layers)

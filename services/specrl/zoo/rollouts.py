@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specrl.zoo.task import Problem, reward
+from specrl.data.task import Problem, reward
 
 
 @torch.no_grad()

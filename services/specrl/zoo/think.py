@@ -117,7 +117,7 @@ def _build(out: Path, base: Path, *, seed: int, spec: ZooSpec, think: ThinkSpec,
     import torch
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-    from specrl.zoo import task
+    from specrl.data import task
     from specrl.zoo.pretrain import train_causal_lm
     from specrl.zoo.rollouts import test_accuracy
 

@@ -13,6 +13,11 @@ if TYPE_CHECKING:
 FinishReason = Literal["stop", "length", "abort"]
 
 
+# Tokens generated for a request that names no max_tokens (the RL loop always names its
+# own, `sampling.max_tokens`).
+DEFAULT_MAX_TOKENS = 256
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Validated sampling parameters of one request (see rollout.proto for semantics)."""
@@ -20,7 +25,7 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1: off
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     n: int = 1
     seed: int | None = None
     stop: tuple[str, ...] = ()

@@ -1,0 +1,249 @@
+"""specrl's fixes to vLLM (to its sampling on CPU, and to its start-up and first-request
+time on CPU), applied in every engine process.
+
+vLLM loads `vllm.general_plugins` entry points in the frontend, the engine-core and the
+worker processes, so `register` (the entry point in pyproject.toml) is the only hook that
+reaches the process where sampling happens; a monkeypatch in the parent does nothing.
+
+Each fix is one named function, linked to its upstream issue, guarded by the engine
+version it is known to be needed for, and removable once vLLM ships the fix.
+
+Set SPECRL_VLLM_PATCHES=0 to disable every fix, or to a comma-separated list of fix
+names each prefixed with "-" to disable only those (the lossless tests disable
+`fix_cpu_expand_batch_to_tokens` alone to show that it is what makes speculative
+sampling exact on CPU, keeping the others: start-up time, seeded partial prefills).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import re
+
+import torch
+
+log = logging.getLogger("specrl.rollout.vllm.patches")
+
+DISABLE_ENV = "SPECRL_VLLM_PATCHES"
+START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+_APPLIED: list[str] = []
+ORIGINALS: dict[str, object] = {}  # what each fix replaced, for tests and rollback
+
+
+def _expand_batch_to_tokens(
+    x: torch.Tensor,  # [batch_size]
+    cu_num_tokens: torch.Tensor,  # [batch_size]
+    num_tokens: int,
+    replace_from: int = 0,
+    replace_to: int = 0,
+) -> torch.Tensor:
+    """Exact torch version of vllm.v1.sample.rejection_sampler.expand_batch_to_tokens:
+    x = [a, b, c], cu_num_tokens = [2, 5, 6] -> [a, a, b, b, b, c], with values equal to
+    replace_from replaced by replace_to. Keeps x's dtype (floats are not truncated)."""
+    counts = torch.diff(cu_num_tokens.to(torch.long), prepend=cu_num_tokens.new_zeros(1))
+    replaced = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+    out = torch.repeat_interleave(replaced, counts.to(x.device), output_size=num_tokens)
+    return out
+
+
+def fix_cpu_expand_batch_to_tokens() -> bool:
+    """vLLM issue #55005 (fix PR #55006): on CPU without Triton, the C++ fallback behind
+    `expand_batch_to_tokens` writes into a temporary int64 copy and never copies back, so
+    the per-request temperature / top-k / top-p spread over draft positions is
+    uninitialised memory and speculative sampling at temperature > 0 is not lossless.
+    Needed where vLLM runs its Triton kernels through the CPU shim; harmless elsewhere
+    (the torch version computes the same thing), but only applied where it is needed."""
+    import vllm
+    from vllm.v1.sample import rejection_sampler
+
+    if not vllm.__version__.startswith("0.32.") or torch.cuda.is_available():
+        return False
+    ORIGINALS.setdefault("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
+    rejection_sampler.expand_batch_to_tokens = _expand_batch_to_tokens
+    return True
+
+
+def _discarded_cpu_generators(runner) -> dict[int, tuple[torch.Generator, torch.Tensor]]:
+    """Seeded requests of this step whose sampled token will be discarded (a partial
+    prefill), with their CPU generator's state before sampling."""
+    import numpy as np
+
+    generators = runner.input_batch.generators
+    out: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
+    if not generators:  # unseeded traffic: nothing to save, every step
+        return out
+    for i in np.nonzero(runner.discard_request_mask.np[: runner.input_batch.num_reqs])[0]:
+        gen = generators.get(int(i))
+        if gen is not None and gen.device.type == "cpu":
+            out[int(i)] = (gen, gen.get_state())
+    return out
+
+
+def fix_cpu_seeded_partial_prefill() -> bool:
+    """vLLM's model runner rewinds a seeded request's generator by 4 Philox offsets when
+    it discards the token sampled for a partial (chunked) prefill; a CPU torch.Generator
+    has no offset, so the engine core dies ("CPU Generator does not use offset") the
+    first time a seeded request's prefill is chunked: a prompt over the token budget, or
+    requests recomputed together after a preemption (the drafter resume does that). Not
+    filed upstream that we found (vllm-rbln fixed its fork by skipping the rewind). Here
+    the CPU generator's state is saved before sampling and restored after, which is what
+    the rewind means, and the rewind is skipped for those requests."""
+    import vllm
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if not vllm.__version__.startswith("0.32.") or torch.cuda.is_available():
+        return False
+    sample = ORIGINALS.setdefault("GPUModelRunner._sample", GPUModelRunner._sample)
+    bookkeeping = ORIGINALS.setdefault("GPUModelRunner._bookkeeping_sync", GPUModelRunner._bookkeeping_sync)
+
+    def _sample(self, *args, **kwargs):
+        saved = _discarded_cpu_generators(self)
+        out = sample(self, *args, **kwargs)
+        for gen, state in saved.values():
+            gen.set_state(state)
+        self._specrl_restored = saved
+        return out
+
+    def _bookkeeping_sync(self, *args, **kwargs):
+        generators = self.input_batch.generators
+        held = {i: generators.pop(i) for i in getattr(self, "_specrl_restored", {}) if i in generators}
+        try:
+            return bookkeeping(self, *args, **kwargs)
+        finally:
+            generators.update(held)
+            self._specrl_restored = {}
+
+    GPUModelRunner._sample = _sample
+    GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
+    return True
+
+
+# Logit values up to which ranks are counted eagerly (the zoo's 128-token vocabulary up
+# to 2048 rows: 0.3-0.5 ms measured); above it vLLM's compiled kernel, which fuses compare and
+# sum: eager measured 13-25x slower there (64 rows of Qwen3's 151936 tokens: 35 vs 1.4 ms).
+EAGER_RANK_MAX = 1 << 18
+
+
+def _count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """vllm.v1.sample.ops.logprobs.batched_count_greater_than (per row of x [N, V], how
+    many entries are >= that row's value in values [N, 1]: a token's logprob rank),
+    counted eagerly for small logits and by vLLM's compiled kernel for large ones."""
+    if x.numel() <= EAGER_RANK_MAX:
+        return (x >= values).sum(-1)
+    return ORIGINALS["batched_count_greater_than"](x, values)
+
+
+def fix_cpu_logprob_rank_compile() -> bool:
+    """vLLM computes the rank of every returned logprob with a function it compiles with
+    torch.compile (inductor), to spare GPU memory; on CPU that compile happens in each
+    worker at the first request that asks for logprobs, and every rollout request does:
+    the first Generate of each replica took 2.2 s instead of 0.1 s on 2 cores with a warm
+    inductor cache (6.4 s for the function alone in a fresh process, more with a cold
+    one). Small logits (small vocabularies) are counted eagerly, never compiling; large
+    ones still go to the compiled kernel, compiled at their first request as before."""
+    import vllm
+    from vllm.v1.sample import sampler
+
+    if not vllm.__version__.startswith("0.32.") or torch.cuda.is_available():
+        return False
+    ORIGINALS.setdefault("batched_count_greater_than", sampler.batched_count_greater_than)
+    sampler.batched_count_greater_than = _count_at_least
+    return True
+
+
+def _fork_context() -> multiprocessing.context.BaseContext:
+    return multiprocessing.get_context("fork")
+
+
+def _omp_cpus() -> list[int]:
+    """The cores vLLM meant for this worker: it hands them to a new process only through
+    the OpenMP environment it sets around `Process.start()` (GOMP_CPU_AFFINITY,
+    OMP_PLACES or KMP_AFFINITY's proclist, see vllm.utils.ompmultiprocessing)."""
+    kmp = re.search(r"proclist=\[([^\]]*)\]", os.environ.get("KMP_AFFINITY", ""))
+    spec = kmp.group(1) if kmp else os.environ.get("GOMP_CPU_AFFINITY") or os.environ.get("OMP_PLACES", "")
+    return [int(c) for c in re.findall(r"\d+", spec)]
+
+
+def bind_forked_worker() -> None:
+    """What a spawned worker's OpenMP runtime does at start from the environment vLLM set
+    for it, done by hand: a forked worker inherits its parent's runtime, already started
+    without that environment, so it would run two unbound compute threads where vLLM
+    meant one on core 0 (measured: ~30% fewer tokens/s at batch 1 before this)."""
+    if cpus := _omp_cpus():
+        os.sched_setaffinity(0, cpus)  # threads started from here on inherit it
+    if threads := os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(threads))
+
+
+def fork_cpu_engine_processes() -> bool:
+    """vLLM's CPU platform forces the `spawn` start method on every process it starts, so
+    the engine-core process and then its worker each re-import torch and vLLM (~10 s each
+    on 2 cores) before the model loads: two thirds of a replica's start, which is how
+    long a scaled-up generation pod waits before serving. Both are forked instead (no
+    CUDA context here; the server creates its engine before any torch work), and each
+    forked worker is bound to the cores vLLM chose for it (`bind_forked_worker`). A user
+    who sets VLLM_WORKER_MULTIPROC_METHOD keeps their choice."""
+    import vllm
+    from vllm.v1.engine import utils as engine_utils
+    from vllm.v1.executor import multiproc_executor
+
+    user_choice = os.environ.get(START_METHOD_ENV)
+    if not vllm.__version__.startswith("0.32.") or torch.cuda.is_available() or user_choice:
+        return False
+    ORIGINALS.setdefault("engine_utils.get_mp_context", engine_utils.get_mp_context)
+    ORIGINALS.setdefault("multiproc_executor.get_mp_context", multiproc_executor.get_mp_context)
+    worker_main = ORIGINALS.setdefault("WorkerProc.worker_main", multiproc_executor.WorkerProc.worker_main)
+
+    def bound_worker_main(*args, **kwargs) -> None:
+        bind_forked_worker()
+        worker_main(*args, **kwargs)
+
+    engine_utils.get_mp_context = _fork_context
+    multiproc_executor.get_mp_context = _fork_context
+    multiproc_executor.WorkerProc.worker_main = staticmethod(bound_worker_main)
+    return True
+
+
+_FIXES = (
+    fix_cpu_expand_batch_to_tokens,
+    fix_cpu_seeded_partial_prefill,
+    fix_cpu_logprob_rank_compile,
+    fork_cpu_engine_processes,
+)
+
+
+def disabled() -> set[str]:
+    """The fixes SPECRL_VLLM_PATCHES turns off: all of them for "0" (or "false", "no"),
+    the named ones for "-name,-name", none when unset (or "1"). A name that is no fix is
+    an error: a typo must not leave a fix on that a test means to turn off."""
+    value = os.environ.get(DISABLE_ENV, "1").strip()
+    names = {f.__name__ for f in _FIXES}
+    if value.lower() in ("0", "false", "no"):
+        return names
+    if value.lower() in ("", "1", "true", "yes"):
+        return set()
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    off = {item[1:] for item in items if item.startswith("-")}
+    if unknown := sorted({item for item in items if not item.startswith("-")} | (off - names)):
+        raise ValueError(
+            f"{DISABLE_ENV}={value!r}: {', '.join(unknown)} not understood; use 0, 1 or "
+            f"-name for any of {', '.join(sorted(names))}"
+        )
+    return off
+
+
+def register() -> None:
+    """vLLM general-plugin entry point: apply each fix once per process."""
+    off = disabled()
+    if off:
+        log.warning("specrl vLLM fixes disabled by %s: %s", DISABLE_ENV, ", ".join(sorted(off)))
+    for fix in _FIXES:
+        if fix.__name__ not in _APPLIED and fix.__name__ not in off and fix():
+            _APPLIED.append(fix.__name__)
+            log.info("specrl applied vLLM fix %s (pid %d)", fix.__name__, os.getpid())
+
+
+def applied() -> list[str]:
+    """Names of the fixes applied in this process."""
+    return list(_APPLIED)

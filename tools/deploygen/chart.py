@@ -1,0 +1,244 @@
+"""The Helm chart's values schema (deploy/helm/specrl/values.schema.json), generated.
+
+Each component's `config` in the chart's values is that service's own config file, so
+its schema is the JSON schema of the service's pydantic model: a misspelled or
+out-of-range field fails `helm install` with the field's name, long before a pod starts
+and refuses it. The rest (replicas, ports, GPUs, volumes) is described here. `make
+chart-schema` rewrites the file; a test fails when the committed one is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from specrl.config import (
+    DraftTrainerServerConfig,
+    RolloutServerConfig,
+    RunConfig,
+    TrainerServerConfig,
+)
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "specrl" / "values.schema.json"
+# RunConfig fields the orchestrator's `config` holds; the chart sets the rest (services'
+# addresses, Redis, the run directory).
+LOOP_FIELDS = ("name", "seed", "data", "sampling", "reward", "orchestrator")
+
+STRING = {"type": "string"}
+BOOL = {"type": "boolean"}
+OBJECT = {"type": "object"}
+PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+COUNT = {"type": "integer", "minimum": 0}
+POSITIVE = {"type": "integer", "minimum": 1}
+NAME = {"type": "string", "minLength": 1}
+RESOURCES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"requests": OBJECT, "limits": OBJECT, "claims": {"type": "array"}},
+}
+IMAGE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"repository": NAME, "tag": STRING, "pullPolicy": STRING},
+}
+
+
+def _strict(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": properties}
+    if required:
+        out["required"] = list(required)
+    return out
+
+
+def _one_member_unions(node: Any) -> Any:
+    """A tagged union with one member (the engine union while vLLM is the only engine) as
+    that member: as a oneOf, helm adds a line about the oneOf to the error naming the
+    bad field."""
+    if isinstance(node, list):
+        return [_one_member_unions(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _one_member_unions(v) for k, v in node.items()}
+    if len(out.get("oneOf", ())) == 1:
+        (member,) = out.pop("oneOf")
+        out.pop("discriminator", None)
+        out.update(member)
+    return out
+
+
+def _model(cls: type[BaseModel], defs: dict[str, Any], only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`cls`'s JSON schema with its definitions moved into `defs` (the document's root
+    $defs, where its `$ref`s point); `only` keeps those top-level fields."""
+    schema = _one_member_unions(cls.model_json_schema(mode="validation"))
+    defs.update(schema.pop("$defs", {}))
+    if only:
+        schema["properties"] = {k: v for k, v in schema["properties"].items() if k in only}
+    schema.pop("required", None)  # the chart fills what it sets itself
+    return schema
+
+
+def _component(config: dict[str, Any], **extra: dict[str, Any]) -> dict[str, Any]:
+    return _strict({"image": IMAGE, "resources": RESOURCES, "affinity": OBJECT, "config": config, **extra})
+
+
+def values_schema() -> dict[str, Any]:
+    defs: dict[str, Any] = {}
+    rollout = _component(
+        _model(RolloutServerConfig, defs),
+        replicas=COUNT,
+        gpusPerReplica=COUNT,
+        podsPerReplica={"type": "integer", "minimum": 1},
+        port=PORT,
+        metricsPort=PORT,
+        enginePort=PORT,
+        startupSeconds={"type": "integer", "minimum": 10},
+        podDisruptionBudget=_strict({"enabled": BOOL, "maxUnavailable": {"type": ["integer", "string"]}}),
+        autoscaling=_strict(
+            {
+                "enabled": BOOL,
+                "minReplicas": POSITIVE,
+                "maxReplicas": POSITIVE,
+                "targetCPUUtilizationPercentage": {"type": "integer", "minimum": 1, "maximum": 100},
+            }
+        ),
+        keda=_strict(
+            {
+                "enabled": BOOL,
+                "minReplicas": COUNT,
+                "maxReplicas": POSITIVE,
+                "lagCount": POSITIVE,
+                "pollingInterval": POSITIVE,
+                "cooldownPeriod": COUNT,
+            }
+        ),
+    )
+    trainer = _component(
+        _model(TrainerServerConfig, defs),
+        nodes=POSITIVE,
+        procsPerNode=POSITIVE,
+        workload={"enum": ["statefulset", "jobset"]},
+        jobset=_strict({"maxRestarts": COUNT}),
+        scheduling=_strict({"schedulerName": STRING, "kueueQueue": STRING, "podGroup": BOOL}),
+        gpusPerNode=COUNT,
+        port=PORT,
+        metricsPort=PORT,
+        rendezvousPort=PORT,
+        weightSyncPort=PORT,
+        startupSeconds={"type": "integer", "minimum": 10},
+    )
+    draft_trainer = _component(
+        _model(DraftTrainerServerConfig, defs),
+        enabled=BOOL,
+        gpus=COUNT,
+        port=PORT,
+        metricsPort=PORT,
+        weightSyncPort=PORT,
+    )
+    orchestrator = _component(
+        _model(RunConfig, defs, only=LOOP_FIELDS),
+        metricsPort=PORT,
+        statusPort=PORT,
+        controlTokenSecret=STRING,
+        backoffLimit=COUNT,
+    )
+    redis = _strict(
+        {
+            "enabled": BOOL,
+            "url": {"type": "string", "pattern": r"^$|^rediss?://"},
+            "image": IMAGE,
+            "auth": _strict({"existingSecret": STRING, "existingSecretKey": NAME}),
+            "persistence": _strict({"size": STRING, "storageClassName": STRING}),
+            "resources": RESOURCES,
+        }
+    )
+    properties = {
+        "nameOverride": STRING,
+        "fullnameOverride": STRING,
+        "commonLabels": OBJECT,
+        "image": IMAGE,
+        "imagePullSecrets": {"type": "array"},
+        "serviceAccount": _strict(
+            {"create": BOOL, "name": STRING, "annotations": OBJECT, "automountToken": BOOL}
+        ),
+        "podSecurityContext": OBJECT,
+        "containerSecurityContext": OBJECT,
+        "priorityClassName": STRING,
+        "nodeSelector": OBJECT,
+        "tolerations": {"type": "array"},
+        "podAnnotations": OBJECT,
+        "env": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+        "models": _strict({"existingClaim": STRING, "mountPath": {"type": "string", "pattern": "^/"}}),
+        "runs": _strict(
+            {
+                "existingClaim": STRING,
+                "storageClassName": STRING,
+                "size": STRING,
+                "mountPath": {"type": "string", "pattern": "^/"},
+            }
+        ),
+        "shm": _strict({"sizeLimit": STRING}),
+        "gpu": _strict({"resourceName": NAME}),
+        "nvlink": _strict(
+            {
+                "cliqueLabel": STRING,
+                "trainerInOneClique": BOOL,
+                "computeDomain": _strict({"enabled": BOOL}),
+                "rdmaResources": OBJECT,
+            }
+        ),
+        "rollout": rollout,
+        "trainer": trainer,
+        "draftTrainer": draft_trainer,
+        "orchestrator": orchestrator,
+        "redis": redis,
+        "tls": _strict(
+            {
+                "enabled": BOOL,
+                "existingSecret": STRING,
+                "serverName": NAME,
+                "certManager": _strict(
+                    {
+                        "enabled": BOOL,
+                        "issuerRef": _strict({"name": STRING, "kind": NAME, "group": NAME}),
+                        "duration": STRING,
+                        "renewBefore": STRING,
+                    }
+                ),
+            }
+        ),
+        "networkPolicy": _strict({"enabled": BOOL, "metricsFrom": {"type": "array"}}),
+        "serviceMonitor": _strict({"enabled": BOOL, "interval": STRING, "labels": OBJECT}),
+        "prometheusRule": _strict({"enabled": BOOL, "labels": OBJECT}),
+        "grafana": _strict(
+            {
+                "dashboards": _strict(
+                    {"enabled": BOOL, "label": NAME, "labelValue": STRING, "annotations": OBJECT}
+                )
+            }
+        ),
+        "tests": _strict({"enabled": BOOL}),
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "specrl Helm chart values (generated by `make chart-schema` from specrl's config models)",
+        **_strict(properties),
+        "$defs": dict(sorted(defs.items())),
+    }
+
+
+def render() -> str:
+    return json.dumps(values_schema(), indent=2) + "\n"
+
+
+def main() -> None:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else SCHEMA_PATH
+    out.write_text(render())
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
