@@ -5,10 +5,11 @@ engine's time from one output to the next), `--batch` sequences at a time on the
 target (the median over steps at that batch size).
 
 Why: the controller's AR baseline is its own engine at k=0; this measures how far that
-is from an AR server (docs/benchmarks.md). Engines started one after another differ by
-this machine's drift; `--fetch-ab` instead alternates, inside one paused engine, the
-engine core's per-step fetch of draft tokens from the worker (which specrl turns off at
-k=0 everywhere, engines/vllm/control.py) on and off.
+is from an AR server (docs/draft.md, "Measurements behind the controller"). Engines
+started one after another differ by this machine's drift; `--fetch-ab` instead
+alternates, inside one paused engine, the engine core's per-step fetch of draft tokens
+from the worker (which specrl turns off at k=0 everywhere, engines/vllm/control.py) on
+and off.
 
     .venv/bin/python scripts/engine_cycle.py [--draft zoo:eagle3-generic] [--repeats 2] [--batch 1]
                                              [--fetch-ab]

@@ -4,7 +4,7 @@ A fresh 64 MiB CPU buffer is an mmap whose every page faults on first touch: mea
 here on an idle machine, allocating and filling 25 fresh 64 MiB buffers took 0.87 s
 against 0.20 s for filling one reused buffer 25 times, more than the 0.48 s a warm raw
 broadcast of those 1.6 GB takes (end to end the reuse measured 1.02-1.22x, as the
-faults overlap other work; docs/benchmarks.md). Reuse is only safe when nothing still
+faults overlap other work; docs/weightsync.md). Reuse is only safe when nothing still
 reads a buffer: a pending broadcast holds the one it sends or receives, and vLLM's
 layerwise reload keeps views of a bucket's tensors until every tensor of their layer has
 arrived (for a layer larger than a bucket, several buckets later). So a buffer is taken

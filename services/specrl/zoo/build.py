@@ -219,7 +219,8 @@ def _build(out: Path, *, seed: int, spec: ZooSpec, console: Console) -> dict:
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from specrl.data import task, tokenizer
+    from specrl.data import task
+    from specrl.zoo import tokenizer
     from specrl.zoo.pretrain import train_causal_lm
     from specrl.zoo.rollouts import test_accuracy
 
