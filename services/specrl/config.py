@@ -434,9 +434,6 @@ class TrainerServerConfig(StrictModel):
     trainer: TrainerConfig = TrainerConfig()
     # How rank 0 publishes the policy to the rollout servers (PushWeights).
     weight_sync: WeightSenderConfig = WeightSenderConfig()
-    # A checkpoint directory (SaveCheckpoint's) to start from: weights, optimizer, RNG
-    # and policy version, in any parallel layout.
-    resume: str | None = None
 
     @model_validator(mode="after")
     def _policy_sender(self) -> TrainerServerConfig:

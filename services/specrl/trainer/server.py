@@ -154,9 +154,6 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> NoRetur
     core = TrainerCore(
         cfg.trainer, trainer_metrics, weight_sync=cfg.weight_sync, sender_metrics=sender_metrics
     )
-    if cfg.resume:
-        meta = checkpoint.load(core.state, cfg.resume)  # collective: every rank
-        log.info("rank %d resumed from %s at step %d", rank, cfg.resume, meta["step"])
     if rank != 0:
         core.follow()
         shutdown.exit_now(0)

@@ -117,8 +117,7 @@ def _update(
 def _sum_over_dp(sums: dict[str, float], dims: parallel.ParallelDims) -> dict[str, float]:
     if dims.dp == 1:
         return sums
-    keys = sorted(sums)
+    keys = sorted(sums)  # the same order on every rank
     t = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(t, group=dims.dp_group)
-    reduced = dict(zip(keys, t.tolist()))
-    return {k: reduced[k] for k in sums}
+    return dict(zip(keys, t.tolist()))
