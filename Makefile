@@ -44,9 +44,9 @@ IMAGE_REPO ?= ghcr.io/specrl
 IMAGE_TAG ?= 0.1.0
 images:  ## build the container images (needs Docker with buildx; run in your CI, not here)
 	docker buildx build --platform linux/amd64 -f images/cpu.Dockerfile -t $(IMAGE_REPO)/specrl-cpu:$(IMAGE_TAG) .
-	for i in rollout-gpu:specrl-rollout rollout-sglang:specrl-rollout-sglang trainer-gpu:specrl-trainer; do \
-		docker buildx build --platform linux/amd64,linux/arm64 -f images/$${i%%:*}.Dockerfile \
-			-t $(IMAGE_REPO)/$${i##*:}:$(IMAGE_TAG) . ; done
+	for target in rollout trainer; do \
+		docker buildx build --platform linux/amd64,linux/arm64 -f images/gpu.Dockerfile --target $$target \
+			-t $(IMAGE_REPO)/specrl-$$target:$(IMAGE_TAG) . ; done
 
 zoo:  ## build (or reuse) the tiny deterministic model zoo under $$SPECRL_HOME
 	$(SPECRL) zoo build

@@ -138,9 +138,14 @@ def serve_rollout(
     except ConfigError as e:
         _fail(str(e))
     _logging(verbose)
+    from specrl.rollout.engines.base import UnsupportedEngine
     from specrl.rollout.server import serve
 
-    raise typer.Exit(asyncio.run(serve(cfg, ready_file=str(ready_file) if ready_file else None)))
+    try:
+        code = asyncio.run(serve(cfg, ready_file=str(ready_file) if ready_file else None))
+    except UnsupportedEngine as e:
+        _fail(str(e))
+    raise typer.Exit(code)
 
 
 @serve_app.command("rollout-worker")
@@ -164,10 +169,11 @@ def serve_rollout_worker(
         node_rank = int(index)
     _logging(verbose)
     from specrl.rollout.engines import serve_worker_node
+    from specrl.rollout.engines.base import UnsupportedEngine
 
     try:
         serve_worker_node(cfg, node_rank)
-    except ValueError as e:
+    except (ValueError, UnsupportedEngine) as e:
         _fail(str(e))
 
 

@@ -640,10 +640,18 @@ class OrchestratorConfig(StrictModel):
     # generated again), or kept and corrected by truncated importance sampling
     # (needs trainer.grpo.is_cap).
     stale: Literal["drop", "importance"] = "drop"
-    # Concurrent Generate calls (prompt groups) per rollout replica.
+    # Concurrent Generate calls (prompt groups) per rollout replica: its slots. They are
+    # calls on one event loop, not threads, so thousands per replica cost the orchestrator
+    # no threads or Redis connections.
     concurrency: int = Field(16, ge=1)
     # One Generate call (a group of n samples) may take this long before it is retried.
     generate_timeout_s: float = Field(240.0, gt=0)
+    # Generate calls a group may fail (deadline passed, an error of the replica) before it
+    # is dropped as failed: logged, counted (the step's `failed`,
+    # specrl_generation_dropped) and replaced by the next prompt, never retried forever.
+    # A replica that is down, not ready or behind on weights does not count: the group
+    # goes to another replica.
+    max_attempts: int = Field(4, ge=1)
     # A prompt or rollout entry pending this long is taken over by another consumer
     # (longer than a Generate call may take, so a live generator is never overtaken).
     reclaim_idle_s: float = Field(300.0, gt=0)

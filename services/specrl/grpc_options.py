@@ -44,17 +44,27 @@ def tls_files() -> tuple[bytes, bytes, bytes] | None:
     return cert, key, ca
 
 
+def _secure(files: tuple[bytes, bytes, bytes]) -> tuple[grpc.ChannelCredentials, list[tuple[str, object]]]:
+    cert, key, ca = files
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    name = os.environ.get(SERVER_NAME_ENV) or "specrl"
+    return credentials, [*OPTIONS, ("grpc.ssl_target_name_override", name)]
+
+
 def channel(address: str) -> grpc.Channel:
     """A channel to a specrl service: mutual TLS when configured, plaintext otherwise."""
     files = tls_files()
     if files is None:
         return grpc.insecure_channel(address, options=OPTIONS)
-    cert, key, ca = files
-    credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-    name = os.environ.get(SERVER_NAME_ENV) or "specrl"
-    return grpc.secure_channel(
-        address, credentials, options=[*OPTIONS, ("grpc.ssl_target_name_override", name)]
-    )
+    return grpc.secure_channel(address, *_secure(files))
+
+
+def aio_channel(address: str) -> grpc.aio.Channel:
+    """`channel`'s asyncio twin (grpc.aio), with the same settings."""
+    files = tls_files()
+    if files is None:
+        return grpc.aio.insecure_channel(address, options=OPTIONS)
+    return grpc.aio.secure_channel(address, *_secure(files))
 
 
 def add_port(server: grpc.Server | grpc.aio.Server, address: str) -> int:

@@ -267,12 +267,12 @@ def test_gb200_values_place_gpus_nvlink_and_the_paper_layout():
     assert sets["rl-specrl-rollout"]["spec"]["replicas"] == 48  # 12 generation nodes x 4
     assert sets["rl-specrl-trainer"]["spec"]["replicas"] == 4  # 4 training nodes
     pod = c["trainer"]["_pod"]
-    (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (term, _nccl) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["topologyKey"] == "nvidia.com/gpu.clique"  # the trainer inside one NVLink domain
     assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "trainer"
     (claim,) = pod["resourceClaims"]
     (domain,) = by_kind(docs, "ComputeDomain").values()
-    assert domain["spec"]["numNodes"] == 4
+    assert domain["spec"]["numNodes"] == 17  # every NCCL pod's node (test_gb200_rack.py)
     assert domain["spec"]["channel"]["resourceClaimTemplate"]["name"] == claim["resourceClaimTemplateName"]
     assert c["trainer"]["resources"]["claims"] == [{"name": claim["name"]}]
     shm = {v["name"]: v for v in pod["volumes"]}["dshm"]
@@ -351,12 +351,13 @@ def test_mutual_tls_reaches_every_grpc_peer_and_probes_speak_it():
     for d in docs:
         if (d["apiVersion"], d["kind"]) not in CUSTOM:
             kubernetes_validate.validate(d, KUBERNETES, strict=True)
-    (cert,) = by_kind(docs, "Certificate").values()
-    assert cert["spec"]["dnsNames"] == ["specrl"] and {"server auth", "client auth"} <= set(
-        cert["spec"]["usages"]
-    )
-    assert cert["spec"]["issuerRef"]["name"] == "specrl-ca"
+    # one certificate per service (test_chart_security.py), every one from the same issuer
+    certs = {
+        c["metadata"]["labels"]["specrl.dev/certificate-of"]: c for c in by_kind(docs, "Certificate").values()
+    }
+    assert {c["spec"]["issuerRef"]["name"] for c in certs.values()} == {"specrl-ca"}
     for name in ("rollout", "trainer", "draft-trainer", "orchestrator", "health"):
+        cert = certs["test" if name == "health" else name]
         c = containers(docs)[name]
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert (

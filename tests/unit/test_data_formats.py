@@ -297,3 +297,40 @@ def test_a_step_without_learning_signal_says_so_and_counts_the_streak():
         streak.append(registry.get_sample_value("specrl_steps_without_signal"))
     assert streak == [1, 2, 3, 0, 1]
     assert registry.get_sample_value("specrl_step_zero_variance_groups_ratio") == 1.0
+
+
+def test_a_step_leaves_its_values_in_gauges_until_the_next():
+    """Dashboards read the last step's stage times, exposed generation share and idle
+    shares from gauges (a rate of a histogram observed once a step is 0/0 between steps
+    minutes apart); a step's record sets them, next to the histograms it observes."""
+    from prometheus_client import CollectorRegistry
+
+    from specrl.metrics import STAGES, OrchestratorMetrics
+    from specrl.orchestrator.loop import Orchestrator
+
+    registry = CollectorRegistry()
+    loop = Orchestrator.__new__(Orchestrator)  # only its metrics bookkeeping is exercised
+    loop.metrics, loop._no_signal_streak = OrchestratorMetrics(registry), 0
+    time = dict.fromkeys(STAGES, 10.0) | {"exposed_generation": 75.0, "step": 300.0}
+    record = {
+        "step": 4, "time": time, "lag_counts": {"0": 3, "1": 1}, "samples": 4, "stale_samples": 0,
+        "stale_kept_samples": 0, "duplicate_samples": 0, "queue_depth": {"prompts": 2},
+        "replicas": ["r0:9400"], "reward_mean": 0.5, "zero_variance_groups": 0.25,
+        "acceptance_length": 2.5, "idle": {"trainer": 240.0, "rollout": -1.0},
+        "replica_idle": {"r0:9400": 30.0},
+    }  # fmt: skip
+    loop._observe(record)
+    value = registry.get_sample_value
+    assert value("specrl_last_step_seconds") == 300.0
+    assert value("specrl_last_step_stage_seconds", {"stage": "exposed_generation"}) == 75.0
+    assert {value("specrl_last_step_stage_seconds", {"stage": s}) for s in STAGES} == {10.0, 75.0}
+    assert value("specrl_last_step_exposed_generation_share") == 0.25
+    assert value("specrl_last_step_idle_share", {"role": "trainer"}) == 0.8
+    assert value("specrl_last_step_idle_share", {"role": "rollout"}) == 0.0
+    # the histograms are still observed
+    assert value("specrl_step_stage_seconds_count", {"stage": "exposed_generation"}) == 1
+    assert value("specrl_step_seconds_sum") == 300.0
+    assert value("specrl_rollout_replica_idle_seconds_total", {"replica": "r0:9400"}) == 30.0
+    loop._observe(record | {"time": time | {"step": 60.0, "exposed_generation": 30.0}})
+    assert value("specrl_last_step_seconds") == 60.0  # the last step's, not a mean
+    assert value("specrl_last_step_exposed_generation_share") == 0.5

@@ -35,11 +35,26 @@ PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 COUNT = {"type": "integer", "minimum": 0}
 POSITIVE = {"type": "integer", "minimum": 1}
 NAME = {"type": "string", "minLength": 1}
+# A Kubernetes resource quantity (8Gi, 500m, 1.5, 2e3): an unparseable one ("64 GB") is
+# refused here rather than by the API server after the release half-installed.
+QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+QUANTITY = {"type": "string", "pattern": QUANTITY_PATTERN}
+# A quantity in a resources map, where YAML numbers (cpu: 2, nvidia.com/gpu: 1) are usual
+RESOURCE_AMOUNT = {"type": ["string", "number"], "pattern": QUANTITY_PATTERN}
+RESOURCE_MAP = {"type": "object", "additionalProperties": RESOURCE_AMOUNT}
 RESOURCES = {
     "type": "object",
     "additionalProperties": False,
-    "properties": {"requests": OBJECT, "limits": OBJECT, "claims": {"type": "array"}},
+    "properties": {"requests": RESOURCE_MAP, "limits": RESOURCE_MAP, "claims": {"type": "array"}},
 }
+# A Kubernetes label key: an optional DNS-subdomain prefix and a name (nvidia.com/gpu.clique)
+LABEL_KEY = {
+    "type": "string",
+    "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+    "maxLength": 316,
+}
+LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
 IMAGE = {
     "type": "object",
     "additionalProperties": False,
@@ -96,6 +111,7 @@ def values_schema() -> dict[str, Any]:
         metricsPort=PORT,
         enginePort=PORT,
         startupSeconds={"type": "integer", "minimum": 10},
+        packNodes=BOOL,
         podDisruptionBudget=_strict({"enabled": BOOL, "maxUnavailable": {"type": ["integer", "string"]}}),
         autoscaling=_strict(
             {
@@ -144,6 +160,7 @@ def values_schema() -> dict[str, Any]:
         statusPort=PORT,
         controlTokenSecret=STRING,
         backoffLimit=COUNT,
+        releaseOnCompletion=BOOL,
     )
     redis = _strict(
         {
@@ -151,7 +168,7 @@ def values_schema() -> dict[str, Any]:
             "url": {"type": "string", "pattern": r"^$|^rediss?://"},
             "image": IMAGE,
             "auth": _strict({"existingSecret": STRING, "existingSecretKey": NAME}),
-            "persistence": _strict({"size": STRING, "storageClassName": STRING}),
+            "persistence": _strict({"size": QUANTITY, "storageClassName": STRING}),
             "resources": RESOURCES,
         }
     )
@@ -167,6 +184,15 @@ def values_schema() -> dict[str, Any]:
         "podSecurityContext": OBJECT,
         "containerSecurityContext": OBJECT,
         "priorityClassName": STRING,
+        "priorityClasses": _strict(
+            {
+                "create": BOOL,
+                **{
+                    role: _strict({"name": STRING, "value": {"type": "integer", "maximum": 1000000000}})
+                    for role in ("trainer", "control", "rollout")
+                },
+            }
+        ),
         "nodeSelector": OBJECT,
         "tolerations": {"type": "array"},
         "podAnnotations": OBJECT,
@@ -176,18 +202,18 @@ def values_schema() -> dict[str, Any]:
             {
                 "existingClaim": STRING,
                 "storageClassName": STRING,
-                "size": STRING,
+                "size": QUANTITY,
                 "mountPath": {"type": "string", "pattern": "^/"},
             }
         ),
-        "shm": _strict({"sizeLimit": STRING}),
-        "gpu": _strict({"resourceName": NAME}),
+        "shm": _strict({"sizeLimit": QUANTITY}),
+        "gpu": _strict({"resourceName": NAME, "perNode": POSITIVE}),
         "nvlink": _strict(
             {
-                "cliqueLabel": STRING,
+                "cliqueLabel": LABEL_KEY,
                 "trainerInOneClique": BOOL,
-                "computeDomain": _strict({"enabled": BOOL}),
-                "rdmaResources": OBJECT,
+                "computeDomain": _strict({"enabled": BOOL, "numNodes": COUNT}),
+                "rdmaResources": RESOURCE_MAP,
             }
         ),
         "rollout": rollout,
@@ -210,9 +236,17 @@ def values_schema() -> dict[str, Any]:
                 ),
             }
         ),
-        "networkPolicy": _strict({"enabled": BOOL, "metricsFrom": {"type": "array"}}),
-        "serviceMonitor": _strict({"enabled": BOOL, "interval": STRING, "labels": OBJECT}),
-        "prometheusRule": _strict({"enabled": BOOL, "labels": OBJECT}),
+        "networkPolicy": _strict(
+            {
+                "enabled": BOOL,
+                "metricsFrom": {"type": "array"},
+                # egress.extra: NetworkPolicyEgressRules added to every specrl pod's
+                "egress": _strict({"enabled": BOOL, "extra": {"type": "array", "items": OBJECT}}),
+            }
+        ),
+        # labels: what kube-prometheus-stack's serviceMonitorSelector / ruleSelector match
+        "serviceMonitor": _strict({"enabled": BOOL, "interval": STRING, "labels": LABELS}),
+        "prometheusRule": _strict({"enabled": BOOL, "labels": LABELS}),
         "grafana": _strict(
             {
                 "dashboards": _strict(

@@ -6,11 +6,18 @@ deploy/prometheus/specrl-rules.yaml, plus the chart's copies (deploy/helm/specrl
 shipped as a Grafana-sidecar ConfigMap and a PrometheusRule). Tests run every query of
 every panel and every rule against a real Prometheus scraping a real run, and
 `promtool test rules` makes each alert fire on the series it watches.
+
+One Prometheus may watch several runs (Helm releases, in one namespace or several): the
+chart's ServiceMonitor gives every series the `namespace` of its pod and the `release`
+it belongs to (RUN). Every panel query selects one namespace and run through the
+dashboards' variables of those names; every alert aggregates by them, so two runs are
+never summed into one.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,19 +27,54 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 RATE = "$__rate_interval"  # Grafana's: at least four scrape intervals
+# What a step observes once (a histogram observation, a counter's increment at the step's
+# end, a rollout counter counted when a Generate call returns) shows in a rate over RATE
+# only in the minute after it: between two steps minutes apart (a 30k-token GB200 run
+# steps every 5 minutes) such a rate is 0/0 and the panel blank. Per-step values are
+# therefore read from gauges holding the last step's (specrl_last_step_*, set as a step
+# ends); a rate that is really meant is taken over STEPS_WINDOW, which holds several steps
+# of 5 minutes and at least one of up to 30.
+STEPS_WINDOW = "30m"
 STACKED_STAGES = 'stage!="gen"'  # gen spans the batch and overlaps the others in async RL
+# The labels that tell one run from another: the pod's namespace (Prometheus adds it) and
+# the Helm release (the chart's ServiceMonitor relabels app.kubernetes.io/instance to it).
+RUN = ("namespace", "release")
+PER_RUN = ", ".join(RUN)
+# What each panel's metric selectors match: the dashboard's variables of the same names.
+RUN_MATCHERS = ",".join(f'{label}=~"${label}"' for label in RUN)
+_SELECTOR = re.compile(r"\b(specrl_[a-z0-9_]+)(\{([^}]*)\})?")
 
 
-def rate(series: str, by: str = "", fn: str = "rate") -> str:
-    """Per-second rate (or `fn`: increase) of a counter, summed over series, `by` labels."""
+def scoped(expr: str, matchers: str = RUN_MATCHERS) -> str:
+    """`expr` with `matchers` added to every specrl metric selector in it."""
+
+    def add(m: re.Match) -> str:
+        inner = m.group(3)
+        return f"{m.group(1)}{{{matchers}{', ' + inner if inner else ''}}}"
+
+    return _SELECTOR.sub(add, expr)
+
+
+def rate(series: str, by: str = "", fn: str = "rate", window: str = RATE) -> str:
+    """Per-second rate (or `fn`: increase) of a counter over `window`, summed over series,
+    `by` labels."""
     group = f" by ({by})" if by else ""
-    return f"sum{group} ({fn}({series}[{RATE}]))"
+    return f"sum{group} ({fn}({series}[{window}]))"
 
 
-def mean(histogram: str, by: str = "", where: str = "") -> str:
-    """Mean of a histogram's observations over the rate window, `where` a label matcher."""
+def steps_rate(series: str, by: str = "") -> str:
+    """`rate` over STEPS_WINDOW: of a counter that grows once a step or per Generate call."""
+    return rate(series, by, window=STEPS_WINDOW)
+
+
+def mean(histogram: str, by: str = "", where: str = "", window: str = STEPS_WINDOW) -> str:
+    """Mean of a histogram's observations over `window` (by default one spanning steps: the
+    histograms are observed once a step or a weight push), `where` a label matcher."""
     sel = f"{{{where}}}" if where else ""
-    return f"{rate(f'{histogram}_sum{sel}', by)} / {rate(f'{histogram}_count{sel}', by)}"
+    return (
+        f"{rate(f'{histogram}_sum{sel}', by, window=window)}"
+        f" / {rate(f'{histogram}_count{sel}', by, window=window)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -61,41 +103,46 @@ DASHBOARDS = (
         (
             Panel(
                 "Stage time per step (stacked)",
-                ((mean("specrl_step_stage_seconds", "stage", STACKED_STAGES), "{{stage}}"),),
+                ((f"max by (stage) (specrl_last_step_stage_seconds{{{STACKED_STAGES}}})", "{{stage}}"),),
                 unit="s",
                 stacked=True,
-                description="data, prepare, exposed_generation, reward, logprob, train, checkpoint, other",
+                description="The last step's data, prepare, exposed_generation, reward, logprob, "
+                "train, checkpoint, other (held until the next step ends).",
             ),
             Panel(
                 "Exposed generation time",
-                ((mean("specrl_exposed_generation_seconds"), "exposed generation"),),
+                (('max(specrl_last_step_stage_seconds{stage="exposed_generation"})', "exposed generation"),),
                 unit="s",
-                description="Time the trainer waited for rollouts: all of generation in sync RL, "
-                "the part not hidden behind training in async RL.",
+                description="Time the trainer waited for rollouts in the last step: all of "
+                "generation in sync RL, the part not hidden behind training in async RL.",
             ),
             Panel(
                 "Step time",
                 (
-                    (mean("specrl_step_seconds"), "step"),
-                    (mean("specrl_step_stage_seconds", where='stage="gen"'), "gen"),
+                    ("max(specrl_last_step_seconds)", "step"),
+                    ('max(specrl_last_step_stage_seconds{stage="gen"})', "gen"),
                 ),
                 unit="s",
+                description="Wall time of the last step, and the span of its batch's generation.",
             ),
             Panel(
                 "Exposed generation share of the step",
-                (
-                    (
-                        " / ".join(rate(f"specrl_{h}_seconds_sum") for h in ("exposed_generation", "step")),
-                        "exposed / step",
-                    ),
-                ),
+                (("max(specrl_last_step_exposed_generation_share)", "exposed / step"),),
                 unit="percentunit",
             ),
-            Panel("RL steps per minute", ((f"{rate('specrl_steps_total')} * 60", "steps/min"),)),
+            Panel(
+                "RL steps per minute",
+                (
+                    ("60 / max(specrl_last_step_seconds > 0)", "at the last step's pace"),
+                    (f"{steps_rate('specrl_steps_total')} * 60", f"mean over {STEPS_WINDOW}"),
+                ),
+            ),
             Panel(
                 "Idle fraction per role",
-                ((rate("specrl_role_idle_seconds_total", "role"), "{{role}}"),),
+                (("max by (role) (specrl_last_step_idle_share)", "{{role}}"),),
                 unit="percentunit",
+                description="Share of the last step's wall time the trainer waited (for rollouts "
+                "or weights) and no Generate call was in flight on any replica.",
             ),
             Panel(
                 "Groups without learning signal (all samples the same reward)",
@@ -114,24 +161,28 @@ DASHBOARDS = (
                 (
                     ("specrl_step_acceptance_length", "last RL step"),
                     (
-                        f"1 + {rate('specrl_rollout_spec_accepted_tokens_total', 'instance')}"
-                        f" / {rate('specrl_rollout_spec_drafts_total', 'instance')}",
-                        "measured {{instance}}",
+                        f"1 + {steps_rate('specrl_rollout_spec_accepted_tokens_total', 'instance')}"
+                        f" / {steps_rate('specrl_rollout_spec_drafts_total', 'instance')}",
+                        f"measured {{{{instance}}}} ({STEPS_WINDOW})",
                     ),
                     ("specrl_draft_acceptance_length_estimate", "draft-trainer held-out estimate"),
                 ),
-                description="Tokens per target verification step; 1 is no speculation.",
+                description="Tokens per target verification step; 1 is no speculation. A "
+                f"replica counts a sample's drafts when its Generate call returns: measured over "
+                f"{STEPS_WINDOW}.",
             ),
             Panel(
                 "Acceptance rate per draft position",
                 (
                     (
-                        f"{rate('specrl_rollout_spec_accepted_tokens_per_position_total', 'position')}"
-                        f" / ignoring(position) group_left {rate('specrl_rollout_spec_drafts_total')}",
+                        f"{steps_rate('specrl_rollout_spec_accepted_tokens_per_position_total', 'position')}"
+                        " / ignoring(position) group_left "
+                        f"{steps_rate('specrl_rollout_spec_drafts_total')}",
                         "position {{position}}",
                     ),
                 ),
                 unit="percentunit",
+                description=f"Over {STEPS_WINDOW}: counted as Generate calls return.",
             ),
             Panel(
                 "Draft held-out agreement per position",
@@ -147,11 +198,14 @@ DASHBOARDS = (
                 "Generated tokens/s per replica",
                 (
                     (
-                        rate("specrl_rollout_generated_tokens_total", "instance"),
+                        steps_rate("specrl_rollout_generated_tokens_total", "instance"),
                         "{{instance}}",
                     ),
                 ),
                 unit="tps",
+                description=f"Over {STEPS_WINDOW}: a replica counts a sample's tokens when its "
+                "Generate call returns (minutes for 30k tokens), so a shorter window swings "
+                "between 0 and bursts.",
             ),
             Panel(
                 "Draft length k",
@@ -205,14 +259,15 @@ DASHBOARDS = (
                 "Policy lag (samples)",
                 (
                     (
-                        f"histogram_quantile(0.5, {rate('specrl_policy_lag_bucket', 'le')})",
+                        f"histogram_quantile(0.5, {steps_rate('specrl_policy_lag_bucket', 'le')})",
                         "p50",
                     ),
                     (
-                        f"histogram_quantile(0.95, {rate('specrl_policy_lag_bucket', 'le')})",
+                        f"histogram_quantile(0.95, {steps_rate('specrl_policy_lag_bucket', 'le')})",
                         "p95",
                     ),
                 ),
+                description=f"Of the samples trained on over {STEPS_WINDOW} (observed once a step).",
             ),
             Panel(
                 "Queue depths and rollout replicas",
@@ -235,7 +290,13 @@ DASHBOARDS = (
             ),
             Panel(
                 "Samples dropped beyond the lag bound",
-                ((rate('specrl_samples_total{outcome="stale"}') + " or vector(0)", "stale/s"),),
+                (
+                    (
+                        steps_rate('specrl_samples_total{outcome="stale"}') + " or vector(0)",
+                        f"stale/s ({STEPS_WINDOW})",
+                    ),
+                ),
+                description="Counted once a step, at its end: over a window of several steps.",
             ),
         ),
     ),
@@ -277,59 +338,64 @@ class Alert:
     summary: str
 
 
+# Which run an alert is about, first in every summary.
+RUN_IN = "Run {{ $labels.release }} in {{ $labels.namespace }}:"
+
 ALERTS = (
     Alert(
         "SpecrlStaleDraft",
-        "max by (instance) (specrl_rollout_stale_draft) == 1",
+        f"max by ({PER_RUN}, instance) (specrl_rollout_stale_draft) == 1",
         "10m",
         "warning",
-        "Rollout server {{ $labels.instance }} serves a draft trained against a policy too old "
+        f"{RUN_IN} Rollout server {{{{ $labels.instance }}}} serves a draft trained against a policy too old "
         "(speculation still lossless, but slower).",
     ),
     Alert(
         "SpecrlAcceptanceCollapse",
-        "specrl_step_acceptance_length < 1.2 and on () (max(specrl_rollout_num_speculative_tokens) > 0)",
+        f"max by ({PER_RUN}) (specrl_step_acceptance_length) < 1.2"
+        f" and on ({PER_RUN}) (max by ({PER_RUN}) (specrl_rollout_num_speculative_tokens) > 0)",
         "10m",
         "warning",
-        'Acceptance length {{ $value | printf "%.2f" }} < 1.2 with speculation on: the draft no '
-        "longer pays for itself.",
+        f'{RUN_IN} Acceptance length {{{{ $value | printf "%.2f" }}}} < 1.2 with speculation on: '
+        "the draft no longer pays for itself.",
     ),
     Alert(
         "SpecrlRolloutStarvation",
-        'sum(rate(specrl_role_idle_seconds_total{role="trainer"}[10m])) > 0.5',
+        # over a window of several steps: the idle counter grows once a step, at its end
+        f'sum by ({PER_RUN}) (rate(specrl_role_idle_seconds_total{{role="trainer"}}[{STEPS_WINDOW}])) > 0.5',
         "10m",
         "warning",
-        "The trainer waits for rollouts more than half the time: add rollout replicas or raise "
+        f"{RUN_IN} The trainer waits for rollouts more than half the time: add rollout replicas or raise "
         "the policy lag.",
     ),
     Alert(
         "SpecrlPolicyLagBoundHit",
-        'sum(increase(specrl_samples_total{outcome="stale"}[10m])) > 0',
+        f'sum by ({PER_RUN}) (increase(specrl_samples_total{{outcome="stale"}}[10m])) > 0',
         "5m",
         "info",
-        "Samples are dropped beyond the policy-lag bound (generated work wasted).",
+        f"{RUN_IN} Samples are dropped beyond the policy-lag bound (generated work wasted).",
     ),
     Alert(
         "SpecrlNoLearningSignal",
-        "max(specrl_steps_without_signal) >= 3",
+        f"max by ({PER_RUN}) (specrl_steps_without_signal) >= 3",
         "0m",
         "warning",
-        "3 or more steps in a row in which every group's samples got the same reward: GRPO learns "
+        f"{RUN_IN} 3 or more steps in a row in which every group's samples got the same reward: GRPO learns "
         "nothing (answers not read right, or the task too hard or too easy; `specrl data check`).",
     ),
     Alert(
         "SpecrlWeightSyncFailures",
-        "sum by (kind) (increase(specrl_weight_push_failures_total[10m])) > 0",
+        f"sum by ({PER_RUN}, kind) (increase(specrl_weight_push_failures_total[10m])) > 0",
         "0m",
         "critical",
-        "{{ $labels.kind }} weight pushes to the rollout servers are failing.",
+        f"{RUN_IN} {{{{ $labels.kind }}}} weight pushes to the rollout servers are failing.",
     ),
     Alert(
         "SpecrlSamplerSelfTestFailed",
-        "min by (instance) (specrl_rollout_self_test_passed) == 0",
+        f"min by ({PER_RUN}, instance) (specrl_rollout_self_test_passed) == 0",
         "0m",
         "critical",
-        "Rollout server {{ $labels.instance }} failed its lossless sampler self-test.",
+        f"{RUN_IN} Rollout server {{{{ $labels.instance }}}} failed its lossless sampler self-test.",
     ),
 )
 
@@ -348,9 +414,37 @@ def _panel_json(p: Panel, i: int) -> dict[str, Any]:
         "fieldConfig": {"defaults": {"unit": p.unit, "custom": custom}, "overrides": []},
         "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
         "targets": [
-            {"refId": chr(ord("A") + j), "expr": expr, "legendFormat": legend, "range": True}
+            {"refId": chr(ord("A") + j), "expr": scoped(expr), "legendFormat": legend, "range": True}
             for j, (expr, legend) in enumerate(p.queries)
         ],
+    }
+
+
+# The series every run has while it runs (the orchestrator's), for the variables' values.
+RUN_SERIES = "specrl_policy_version"
+
+
+def _run_variable(label: str, narrowed_by: tuple[str, ...]) -> dict[str, Any]:
+    """A dashboard variable choosing one value of `label` among those of the runs Prometheus
+    has, within the values already chosen for `narrowed_by`."""
+    within = ",".join(f'{n}=~"${n}"' for n in narrowed_by)
+    query = (
+        f"label_values({RUN_SERIES}{{{within}}}, {label})"
+        if within
+        else f"label_values({RUN_SERIES}, {label})"
+    )
+    return {
+        "name": label,
+        "label": {"namespace": "Namespace", "release": "Run (Helm release)"}.get(label, label),
+        "type": "query",
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "query": {"query": query, "refId": f"{label}-values"},
+        "definition": query,
+        "refresh": 2,  # on time range change: runs come and go
+        "sort": 1,
+        "includeAll": False,
+        "multi": False,
+        "current": {},
     }
 
 
@@ -373,7 +467,8 @@ def dashboard_json(d: Dashboard) -> dict[str, Any]:
                     "type": "datasource",
                     "query": "prometheus",
                     "current": {},
-                }
+                },
+                *(_run_variable(label, RUN[:i]) for i, label in enumerate(RUN)),
             ]
         },
         "panels": [_panel_json(p, i) for i, p in enumerate(d.panels)],
@@ -401,8 +496,16 @@ def rules() -> dict[str, Any]:
 
 
 def queries() -> list[tuple[str, str, str]]:
-    """(dashboard uid, panel title, PromQL) of every panel query."""
-    return [(d.uid, p.title, expr) for d in DASHBOARDS for p in d.panels for expr, _ in p.queries]
+    """(dashboard uid, panel title, PromQL) of every panel query as Grafana runs it, with
+    every value of the run variables (namespace, release) chosen: what a Prometheus
+    without those labels (one run, scraped directly) answers too."""
+    every_run = ",".join(f'{label}=~".*"' for label in RUN)
+    return [
+        (d.uid, p.title, scoped(expr, every_run))
+        for d in DASHBOARDS
+        for p in d.panels
+        for expr, _ in p.queries
+    ]
 
 
 def files() -> dict[str, str]:

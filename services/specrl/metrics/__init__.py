@@ -26,7 +26,11 @@ class RolloutMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         r = registry
         self.requests = Counter(
-            "specrl_rollout_requests", "Generate calls by outcome", ["status"], registry=r
+            "specrl_rollout_requests",
+            "Generate calls by outcome: ok, error, invalid (refused input), cancelled (the caller "
+            "went away: its deadline or a disconnect)",
+            ["status"],
+            registry=r,
         )
         self.samples = Counter("specrl_rollout_samples", "Samples returned", registry=r)
         self.prompt_tokens = Counter("specrl_rollout_prompt_tokens", "Prompt tokens processed", registry=r)
@@ -286,6 +290,29 @@ class OrchestratorMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # The last step's values, held until the next step ends: what the dashboards show.
+        # A histogram is observed once a step, so a rate over a minute or two of it is 0/0
+        # between two steps minutes apart; these read right at any step length.
+        self.last_stage_seconds = Gauge(
+            "specrl_last_step_stage_seconds",
+            "Time of each stage of the last RL step (stages as specrl_step_stage_seconds)",
+            ["stage"],
+            registry=r,
+        )
+        self.last_step_seconds = Gauge(
+            "specrl_last_step_seconds", "Wall time of the last RL step", registry=r
+        )
+        self.last_exposed_share = Gauge(
+            "specrl_last_step_exposed_generation_share",
+            "Exposed generation over wall time of the last RL step",
+            registry=r,
+        )
+        self.last_idle_share = Gauge(
+            "specrl_last_step_idle_share",
+            "Share of the last RL step's wall time a role had no work (as specrl_role_idle_seconds)",
+            ["role"],
+            registry=r,
+        )
         self.policy_lag = Histogram(
             "specrl_policy_lag",
             "Per-sample policy lag: trainer policy version when trained on minus the generating version",
@@ -332,8 +359,20 @@ class OrchestratorMetrics:
             ["role"],
             registry=r,
         )
+        self.replica_idle_seconds = Counter(
+            "specrl_rollout_replica_idle_seconds",
+            "Time a rollout replica had no Generate call of the run in flight (one idle replica "
+            "among many does not show in specrl_role_idle_seconds{role=rollout})",
+            ["replica"],
+            registry=r,
+        )
         self.generation_retries = Counter(
             "specrl_generation_retries", "Prompt groups given back after a failed Generate call", registry=r
+        )
+        self.generation_dropped = Counter(
+            "specrl_generation_dropped",
+            "Prompt groups dropped after orchestrator.max_attempts failed Generate calls",
+            registry=r,
         )
         self.data_skipped = Gauge(
             "specrl_data_skipped_rows", "Dataset rows skipped so far, by reason", ["reason"], registry=r

@@ -1,18 +1,29 @@
-"""Generators: threads of the orchestrator that turn admitted prompt groups into rewarded
-rollout groups. Each rollout replica gets `concurrency` of them, each with one Generate
-call in flight, so faster replicas pull more work (load balancing by pull). Replicas can
-join (`add`, paused until they hold the current policy) and leave (`remove`: their
-threads finish the call in flight and stop) while the run goes on.
+"""Generation: turns admitted prompt groups into rewarded rollout groups, on one asyncio
+event loop in one thread, however many replicas and calls in flight there are.
+
+Each replica has one gRPC channel (grpc.aio) and at most `concurrency` Generate calls in
+flight (one prompt group each). A dispatcher takes prompts from the queue only for free
+slots, in batches, and gives each to the replica with the most free slots, so faster
+replicas take more work and none holds more than its slots. Redis and the reward function
+run on a small thread pool (`workers`): the orchestrator's threads and Redis connections
+stay bounded whatever replicas x concurrency is (48 replicas x 512 slots was 24,576
+threads, each polling Redis, when every slot had its own). Replicas can join (`add`,
+paused until they hold the current policy) and leave (`remove`: their calls in flight
+finish, then the channel closes) while the run goes on.
 
 Failures never lose a prompt and never spin on it forever:
-  - a replica that is down or not ready (UNAVAILABLE, DEADLINE_EXCEEDED, ...) gets the
-    prompt given back to the queue, and its generator backs off;
+  - a replica that is down or not ready (UNAVAILABLE, ...) gets the prompt given back to
+    the queue, and its slot backs off;
   - a replica the trainer could not update is paused by the orchestrator, and samples
     older than the lag bound allows are given back rather than rewarded;
   - a request the replica refuses for good (INVALID_ARGUMENT: e.g. a prompt longer than
     its context) ends the group as failed, with the reason; the orchestrator replaces it;
+  - a group whose call fails otherwise (deadline passed, an internal error) goes back
+    with its failures counted; at `max_attempts` it ends as failed too, so a group no
+    replica can finish is never retried forever;
   - a reward function that raises scores the sample 0 and is counted and logged;
-  - a generator that dies leaves its prompt pending, reclaimed after `reclaim_idle_s`;
+  - an orchestrator that dies leaves its prompts pending, reclaimed after
+    `reclaim_idle_s` by the next;
   - when the run stops, calls in flight are cancelled (the replica aborts them) and
     their prompts given back: a run stopping because a service died does not wait for
     generations nobody will train on.
@@ -20,10 +31,16 @@ Failures never lose a prompt and never spin on it forever:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import grpc
 import redis
@@ -32,11 +49,14 @@ from specrl.config import SamplingConfig
 from specrl.data.rewards import RewardFn
 from specrl.metrics import OrchestratorMetrics
 from specrl.queue.streams import Delivery, PromptGroup, RolloutGroup, RunStreams, SampleRecord
-from specrl.rollout.api import RolloutClient
+from specrl.rollout.api import AsyncRolloutClient
 from specrl.v1 import rollout_pb2 as rpb
 
 log = logging.getLogger("specrl.orchestrator.generation")
 
+T = TypeVar("T")
+CONSUMER = "generation"  # this orchestrator's name in the prompt stream's consumer group
+FETCH_MAX = 256  # prompts taken from the queue per read, at most
 _FINISH = {
     rpb.FINISH_REASON_STOP: "stop",
     rpb.FINISH_REASON_LENGTH: "length",
@@ -50,13 +70,58 @@ _FINAL = {
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNAUTHENTICATED,
 }
+# Failures of the call itself, counted against the group (orchestrator.max_attempts).
+# Not counted: a replica down or not ready (UNAVAILABLE, FAILED_PRECONDITION), whose group
+# another replica takes, and cancellation by stop.
+_COUNTED = {
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.DATA_LOSS,
+}
 
 
 def request_seed(run_seed: int, group_id: str) -> int:
     """Each group's sampling seed: a function of the run seed and the group alone, so a
-    group is sampled the same way whichever replica or generator takes it."""
+    group is sampled the same way whichever replica takes it."""
     digest = hashlib.sha256(f"{run_seed}:{group_id}".encode()).digest()
     return int.from_bytes(digest[:7], "big")
+
+
+class IdleClock:
+    """Time with no Generate call in flight, per key (a replica, or ANY for the replicas
+    together), counted from when the key is first watched. Thread-safe."""
+
+    ANY = ""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+        self._since: dict[str, float | None] = {}
+        self._total: dict[str, float] = {}
+
+    def watch(self, key: str) -> None:
+        with self._lock:
+            if key not in self._in_flight:
+                self._in_flight[key], self._since[key], self._total[key] = 0, time.perf_counter(), 0.0
+
+    def busy(self, key: str, delta: int) -> None:
+        """`delta` calls started (+) or ended (-) on `key`."""
+        with self._lock:
+            now = time.perf_counter()
+            since = self._since[key]
+            if self._in_flight[key] == 0 and delta > 0 and since is not None:
+                self._total[key] += now - since
+                self._since[key] = None
+            self._in_flight[key] += delta
+            if self._in_flight[key] == 0:
+                self._since[key] = now
+
+    def seconds(self, key: str) -> float:
+        with self._lock:
+            since = self._since.get(key)
+            return self._total.get(key, 0.0) + (time.perf_counter() - since if since is not None else 0.0)
 
 
 class Generators:
@@ -70,9 +135,11 @@ class Generators:
         reward_fn: RewardFn,
         seed: int,
         timeout_s: float,
+        max_attempts: int = 4,
         metrics: OrchestratorMetrics | None = None,
         retry_backoff_s: float = 1.0,
         stop_token_ids: tuple[int, ...] = (),
+        workers: int = 8,
     ) -> None:
         self.streams = streams
         self.replicas = replicas
@@ -82,6 +149,7 @@ class Generators:
         self.reward_fn = reward_fn
         self.seed = seed
         self.timeout_s = timeout_s
+        self.max_attempts = max_attempts
         self.metrics = metrics
         self.retry_backoff_s = retry_backoff_s
         # Samples generated by an older policy than this are given back (set by the
@@ -97,56 +165,55 @@ class Generators:
         # server started again on its address comes back on its initial weights).
         self.behind: set[str] = set()
         self._stop = threading.Event()
-        self._leave: dict[str, threading.Event] = {}  # per replica: set when it is removed
-        self._threads: list[threading.Thread] = []
-        self._clients: set[RolloutClient] = set()  # open, one per thread: closed by stop
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._idle_since: float | None = time.perf_counter()
-        self._idle_total = 0.0
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="generation")
+        self._idle = IdleClock()
+        self._idle.watch(IdleClock.ANY)
+        # the event loop's own state, touched only on its thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._wake: asyncio.Event | None = None
+        self._clients: dict[str, AsyncRolloutClient] = {}
+        self._in_flight: dict[str, int] = {}
+        self._leaving: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._failed_start: Exception | None = None
+
+    # -- control, from the orchestrator's thread --------------------------------------
 
     def start(self) -> Generators:
-        for replica in self.replicas:
-            self._spawn(replica)
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), name="generation", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if self._failed_start is not None:
+            raise self._failed_start
         return self
 
     def add(self, replica: str) -> None:
         """A replica that joined the run: paused until the orchestrator has pushed it the
         current policy (then `resume`)."""
-        if replica in self._leave and not self._leave[replica].is_set():
+        if replica in self.replicas:
             return
         self._paused.add(replica)
         self.replicas.append(replica)
-        self._spawn(replica)
+        self._on_loop(self._join, replica)
 
     def remove(self, replica: str) -> None:
-        """A replica that left: its generators finish the call in flight and stop."""
+        """A replica that left: its calls in flight finish, then its channel closes."""
         if replica in self.replicas:
             self.replicas.remove(replica)
-        if replica in self._leave:
-            self._leave[replica].set()
         self._paused.discard(replica)
         self.behind.discard(replica)
-
-    def _spawn(self, replica: str) -> None:
-        self._leave[replica] = leave = threading.Event()
-        for i in range(self.concurrency):
-            name = f"gen-{replica}-{i}"
-            t = threading.Thread(target=self._work, args=(replica, name, leave), daemon=True, name=name)
-            t.start()
-            self._threads.append(t)
+        self._on_loop(self._leave, replica)
 
     def stop(self, join_s: float = 30.0) -> None:
-        """Stop taking prompts and cancel the calls in flight (closing a channel ends its
-        calls at once); their prompts go back to the queue, or stay pending for the
-        next run if Redis is down too."""
+        """Stop taking prompts and cancel the calls in flight; their prompts go back to
+        the queue, or stay pending for the next run if Redis is down too."""
         self._stop.set()
-        with self._lock:
-            for client in self._clients:
-                client.close()
-        deadline = time.monotonic() + join_s
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        self._on_loop(self._cancel_all)
+        if self._thread is not None:
+            self._thread.join(join_s)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def pause(self, replica: str) -> None:
         """Send nothing to `replica` (it missed a weight update) until resumed."""
@@ -158,6 +225,7 @@ class Generators:
         """`replica` serves the current policy again."""
         self._paused.discard(replica)
         self.behind.discard(replica)
+        self._on_loop(self._notify)
 
     def need_update(self) -> bool:
         """Some replica is paused or behind: it needs the current policy pushed to it."""
@@ -165,81 +233,183 @@ class Generators:
 
     def idle_seconds(self) -> float:
         """Total time so far with no Generate call in flight on any replica."""
-        with self._lock:
-            extra = time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
-            return self._idle_total + extra
+        return self._idle.seconds(IdleClock.ANY)
 
-    def _busy(self, delta: int) -> None:
-        with self._lock:
-            now = time.perf_counter()
-            if self._in_flight == 0 and delta > 0 and self._idle_since is not None:
-                self._idle_total += now - self._idle_since
-                self._idle_since = None
-            self._in_flight += delta
-            if self._in_flight == 0:
-                self._idle_since = now
+    def replica_idle_seconds(self) -> dict[str, float]:
+        """Per replica of the run now: total time so far with no call in flight on it
+        (one idle replica among many is invisible in `idle_seconds`)."""
+        return {r: self._idle.seconds(r) for r in list(self.replicas)}
 
-    def _work(self, replica: str, consumer: str, leave: threading.Event) -> None:
-        with RolloutClient(replica, timeout=self.timeout_s) as client:
-            with self._lock:
-                if self._stop.is_set():
-                    return
-                self._clients.add(client)
-            while not self._stop.is_set() and not leave.is_set():
-                if replica in self._paused:
-                    self._stop.wait(0.5)
-                    continue
-                try:
-                    delivery = self.streams.next_prompt(consumer, block_ms=200)
-                except Exception as e:  # redis restarting: keep trying until stopped
-                    if not self._stop.is_set():
-                        log.warning("%s: queue unavailable: %s", consumer, e)
-                    self._stop.wait(self.retry_backoff_s)
-                    continue
-                if delivery is None:
-                    continue
-                self._busy(+1)
-                try:
-                    self._generate(client, replica, delivery)
-                except Exception as e:
-                    self._failed(consumer, replica, delivery, e)
-                finally:
-                    self._busy(-1)
-            with self._lock:
-                self._clients.discard(client)
+    def _on_loop(self, fn: Callable[..., None], *args: object) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: generation is over
+                loop.call_soon_threadsafe(fn, *args)
 
-    def _failed(self, consumer: str, replica: str, delivery: Delivery, e: Exception) -> None:
-        """A group that failed outside the Generate call's own errors, given back: Redis
-        failing while it was handed on (one line: the run reports Redis itself), a bug
-        (with its traceback), or stop closing the channel as the call began (silent)."""
-        if not self._stop.is_set():
-            self.errors[replica] = f"{type(e).__name__}: {e}"
-            group_id = delivery.group.group_id
-            if isinstance(e, redis.exceptions.ConnectionError):
-                log.warning("%s: group %s: Redis unavailable (%s)", consumer, group_id, e)
-            else:
-                log.exception("%s: group %s failed", consumer, group_id)
-        self._give_back(delivery)
+    # -- the event loop ---------------------------------------------------------------
 
-    def _give_back(self, delivery: Delivery) -> None:
-        """Re-queue a prompt (if Redis is down too, it stays pending and is reclaimed
-        later), then back off."""
-        if self.metrics:
-            self.metrics.generation_retries.inc()
+    def _serve(self, ready: threading.Event) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._wake = asyncio.Event()
         try:
-            self.streams.retry(delivery.entry_id, delivery.group)  # type: ignore[arg-type]
+            for replica in list(self.replicas):
+                self._join(replica)
+        except Exception as e:  # e.g. unreadable TLS files: `start` raises it
+            self._failed_start = e
+            loop.close()
+            return
+        finally:
+            ready.set()
+        try:
+            loop.run_until_complete(self._dispatch())
+        finally:
+            loop.run_until_complete(self._close())
+            loop.close()
+
+    def _join(self, replica: str) -> None:
+        self._idle.watch(replica)
+        self._leaving.discard(replica)
+        if replica not in self._clients:
+            self._clients[replica] = AsyncRolloutClient(replica, timeout=self.timeout_s)
+            self._in_flight[replica] = 0
+        self._notify()
+
+    def _leave(self, replica: str) -> None:
+        if replica in self._clients:
+            self._leaving.add(replica)
+            self._close_if_done(replica)
+
+    def _close_if_done(self, replica: str) -> None:
+        if replica in self._leaving and self._in_flight.get(replica) == 0:
+            self._leaving.discard(replica)
+            del self._in_flight[replica]
+            client = self._clients.pop(replica)
+            self._spawn(client.close())
+
+    def _notify(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self._notify()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = (
+            asyncio.get_running_loop().create_task(coro)
+            if self._loop is None
+            else self._loop.create_task(coro)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _blocking(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """`fn` (Redis, the reward function) on the pool, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def _free(self) -> dict[str, int]:
+        """Free slots of the replicas that may take work now."""
+        return {
+            r: self.concurrency - n
+            for r, n in self._in_flight.items()
+            if n < self.concurrency and r not in self._leaving and r not in self._paused
+        }
+
+    async def _dispatch(self) -> None:
+        assert self._wake is not None
+        while not self._stop.is_set():
+            free = self._free()
+            if not free:
+                self._wake.clear()
+                # a slot freed, a replica joined or resumed, stop; or look again
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+                continue
+            want = min(sum(free.values()), FETCH_MAX)
+            try:
+                taken = await self._blocking(self.streams.next_prompts, CONSUMER, count=want, block_ms=200)
+            except Exception as e:  # redis restarting: keep trying until stopped
+                if not self._stop.is_set():
+                    log.warning("prompt queue unavailable: %s", e)
+                await asyncio.sleep(self.retry_backoff_s)
+                continue
+            for delivery in taken:
+                free = self._free()  # pauses and leaves may have come while reading
+                if self._stop.is_set() or not free:
+                    self._spawn(self._requeue(delivery))
+                    continue
+                replica = max(free, key=free.__getitem__)
+                self._in_flight[replica] += 1
+                self._busy(replica, +1)
+                self._spawn(self._run(replica, delivery))
+
+    async def _close(self) -> None:
+        """After the dispatcher stopped: let cancelled calls give their prompts back,
+        then close the channels."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in self._clients.values()), return_exceptions=True)
+        self._clients.clear()
+
+    def _busy(self, replica: str, delta: int) -> None:
+        self._idle.busy(IdleClock.ANY, delta)
+        self._idle.busy(replica, delta)
+
+    async def _run(self, replica: str, delivery: Delivery) -> None:
+        """One prompt group on one replica's slot; the slot is freed after any back-off."""
+        try:
+            await self._generate(replica, delivery)
+        except asyncio.CancelledError:
+            pass  # stop, after the call: what it was doing on the pool completes
+        except Exception as e:
+            self._failed(replica, delivery, e)
+            await self._give_back(delivery)
+        finally:
+            self._busy(replica, -1)
+            self._in_flight[replica] -= 1
+            self._close_if_done(replica)
+            self._notify()
+
+    def _failed(self, replica: str, delivery: Delivery, e: Exception) -> None:
+        """A group that failed outside the Generate call's own errors: Redis failing
+        while it was handed on (one line: the run reports Redis itself), or a bug (with
+        its traceback)."""
+        if self._stop.is_set():
+            return
+        self.errors[replica] = f"{type(e).__name__}: {e}"
+        group_id = delivery.group.group_id
+        if isinstance(e, redis.exceptions.ConnectionError):
+            log.warning("group %s: Redis unavailable (%s)", group_id, e)
+        else:
+            log.exception("group %s failed", group_id, exc_info=e)
+
+    async def _requeue(self, delivery: Delivery) -> None:
+        """Put a prompt back at the end of the queue (if Redis is down too, it stays
+        pending and is reclaimed later)."""
+        try:
+            await self._blocking(self.streams.retry, delivery.entry_id, delivery.group)
         except Exception as e:
             log.warning("could not re-queue %s (%s): it will be reclaimed", delivery.group.group_id, e)
-        self._stop.wait(self.retry_backoff_s)
 
-    def _generate(self, client: RolloutClient, replica: str, delivery: Delivery) -> None:
+    async def _give_back(self, delivery: Delivery) -> None:
+        """A failed call's prompt, re-queued and counted; then its slot backs off."""
+        if self.metrics:
+            self.metrics.generation_retries.inc()
+        await self._requeue(delivery)
+        if not self._stop.is_set():
+            await asyncio.sleep(self.retry_backoff_s)
+
+    async def _generate(self, replica: str, delivery: Delivery) -> None:
         group = delivery.group
         assert isinstance(group, PromptGroup)
         s = self.sampling
         started = time.time()
         t0 = time.perf_counter()
         try:
-            resp = client.generate(
+            resp = await self._clients[replica].generate(
                 [group.prompt_ids],
                 n=s.n,
                 temperature=s.temperature,
@@ -250,18 +420,36 @@ class Generators:
                 stop_token_ids=self.stop_token_ids,
                 seed=request_seed(self.seed, group.group_id),
             )
-        except grpc.RpcError as e:
-            if self._stop.is_set():  # cancelled by stop: nothing went wrong
-                self._give_back(delivery)
-                return
+        except asyncio.CancelledError:  # stop cancelled the call (the replica aborts it)
+            await self._requeue(delivery)
+            return
+        except grpc.aio.AioRpcError as e:
             reason = f"{e.code().name}: {e.details()}"
             self.errors[replica] = reason
             if e.code() in _FINAL:
                 log.error("%s refused group %s for good: %s", replica, group.group_id, reason)
-                self._hand_on(delivery, replica, [], started, time.perf_counter() - t0, 0.0, error=reason)
+                await self._hand_on(
+                    delivery, replica, started=started, gen_seconds=time.perf_counter() - t0, error=reason
+                )
                 return
-            log.warning("generate on %s failed (%s): %s goes back", replica, e.code().name, group.group_id)
-            self._give_back(delivery)
+            if e.code() in _COUNTED:
+                group = dataclasses.replace(group, attempts=group.attempts + 1)
+                if group.attempts >= self.max_attempts:
+                    reason = (
+                        f"{group.attempts} failed Generate calls (orchestrator.max_attempts); last: {reason}"
+                    )
+                    log.error("group %s dropped: %s", group.group_id, reason)
+                    if self.metrics:
+                        self.metrics.generation_dropped.inc()
+                    await self._hand_on(
+                        delivery, replica, started=started, gen_seconds=time.perf_counter() - t0, error=reason
+                    )
+                    return
+            log.warning(
+                "generate on %s failed (%s): %s goes back (%d of %d failures)",
+                replica, e.code().name, group.group_id, group.attempts, self.max_attempts,
+            )  # fmt: skip
+            await self._give_back(dataclasses.replace(delivery, group=group))
             return
         versions = [x.policy_version for x in resp.samples]
         lowest, highest = min(versions), max(versions)
@@ -271,11 +459,19 @@ class Generators:
                 replica, lowest, highest, self.min_version, self.max_version, group.group_id,
             )  # fmt: skip
             self.behind.add(replica)
-            self._give_back(delivery)
+            await self._give_back(delivery)
             return
         t1 = time.perf_counter()
-        samples = [self._sample(x, group.answer) for x in resp.samples]
-        self._hand_on(delivery, replica, samples, started, t1 - t0, time.perf_counter() - t1)
+        samples = await self._blocking(lambda: [self._sample(x, group.answer) for x in resp.samples])
+        reward_seconds = time.perf_counter() - t1
+        await self._hand_on(
+            delivery,
+            replica,
+            started=started,
+            gen_seconds=t1 - t0,
+            samples=samples,
+            reward_seconds=reward_seconds,
+        )
 
     def _sample(self, x: rpb.Sample, answer: str) -> SampleRecord:
         try:
@@ -299,20 +495,23 @@ class Generators:
             accepted_tokens=acc.accepted_tokens,
         )
 
-    def _hand_on(
+    async def _hand_on(
         self,
         delivery: Delivery,
         replica: str,
-        samples: list[SampleRecord],
+        *,
         started: float,
         gen_seconds: float,
-        reward_seconds: float,
-        *,
+        samples: list[SampleRecord] | None = None,
+        reward_seconds: float = 0.0,
         error: str = "",
     ) -> None:
+        """The finished group (or, with `error`, the failed one: no samples) to the
+        trainer's stream; its prompt acknowledged in the same transaction."""
         group = delivery.group
         assert isinstance(group, PromptGroup)
-        self.streams.finish(
+        await self._blocking(
+            self.streams.finish,
             delivery.entry_id,
             RolloutGroup(
                 group_id=group.group_id,
@@ -320,7 +519,7 @@ class Generators:
                 prompt_ids=group.prompt_ids,
                 prompt=group.prompt,
                 answer=group.answer,
-                samples=samples,
+                samples=samples or [],
                 replica=replica,
                 gen_seconds=gen_seconds,
                 reward_seconds=reward_seconds,

@@ -293,7 +293,10 @@ def _loop(
                 page.status.on_step(r, orchestrator.checkpoint)
 
         orchestrator = Orchestrator(
-            cfg,
+            cfg.orchestrator,
+            sampling=cfg.sampling,
+            seed=cfg.seed,
+            prompts_per_step=cfg.data.prompts_per_step,
             streams=streams,
             trainer=trainer,
             replicas=system.replicas,
@@ -307,6 +310,7 @@ def _loop(
             draft=draft,
             control=page.control if page is not None else None,
             discover=partial(discover, cfg.rollout.discover) if cfg.rollout.discover else None,
+            discover_every_s=cfg.rollout.discover_every_s,
             rewind=resume,
         )
         if page is not None:

@@ -41,6 +41,7 @@ class PromptGroup:
     prompt: str
     answer: str
     admitted_version: int  # policy version when generation was admitted
+    attempts: int = 0  # Generate calls that failed on it so far (orchestrator.max_attempts)
 
 
 @dataclass
@@ -110,16 +111,23 @@ class RunStreams:
         self.reclaim_idle_ms = int(reclaim_idle_s * 1000)
 
     @classmethod
-    def connect(cls, url: str, run: str, *, password: str | None = None, **kw: float) -> RunStreams:
+    def connect(
+        cls, url: str, run: str, *, password: str | None = None, max_connections: int = 16, **kw: float
+    ) -> RunStreams:
+        """`max_connections` bounds the connections of every thread using these streams
+        together: one more caller waits for a free connection (up to 30 s)."""
         # RESP2 replies (redis-py's default), spelled out: the parsing below relies on it
-        client = redis.Redis.from_url(
+        pool = redis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=30,
             password=password,
             decode_responses=True,
             socket_timeout=30,
             health_check_interval=10,
             protocol=2,
         )
+        client = redis.Redis(connection_pool=pool)
         try:
             version = client.info("server")["redis_version"]
         except redis.exceptions.ConnectionError as e:
@@ -152,15 +160,18 @@ class RunStreams:
     def next_prompt(self, consumer: str, *, block_ms: int = 200) -> Delivery | None:
         """A prompt group to generate: one abandoned by a dead generator first, else a
         new one (waits up to `block_ms`)."""
-        got = self._reclaim(self.prompts, GENERATORS, consumer, count=1)
+        got = self.next_prompts(consumer, count=1, block_ms=block_ms)
+        return got[0] if got else None
+
+    def next_prompts(self, consumer: str, *, count: int, block_ms: int = 200) -> list[Delivery]:
+        """Up to `count` prompt groups to generate: those abandoned by a dead generator
+        first, else new ones (waits up to `block_ms` for the first)."""
+        got = self._reclaim(self.prompts, GENERATORS, consumer, count=count)
         redelivered = bool(got)
         if not got:
-            resp = self.r.xreadgroup(GENERATORS, consumer, {self.prompts: ">"}, count=1, block=block_ms)
+            resp = self.r.xreadgroup(GENERATORS, consumer, {self.prompts: ">"}, count=count, block=block_ms)
             got = resp[0][1] if resp else []
-        if not got:
-            return None
-        entry_id, fields = got[0]
-        return Delivery(entry_id, PromptGroup(**json.loads(fields["data"])), redelivered)
+        return [Delivery(e, PromptGroup(**json.loads(f["data"])), redelivered) for e, f in got]
 
     def finish(self, prompt_entry: str, group: RolloutGroup) -> None:
         """Hand a finished group to the trainer and acknowledge its prompt, atomically."""

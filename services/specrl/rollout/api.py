@@ -1,4 +1,6 @@
-"""A small synchronous client of the rollout service (orchestrator, CLI, tests)."""
+"""Clients of the rollout service: a synchronous one (CLI, tests, the trainer's weight
+pushes) and an asyncio one (the orchestrator's generation: one channel per replica, any
+number of calls in flight on one event loop)."""
 
 from __future__ import annotations
 
@@ -82,3 +84,20 @@ class RolloutClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AsyncRolloutClient:
+    """The calls generation makes, on a grpc.aio channel: create and use it on one event
+    loop. Cancelling a pending `generate` cancels the call (the server aborts it)."""
+
+    def __init__(self, address: str, *, timeout: float = 600.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc_options.aio_channel(address)
+        self.stub = pb_grpc.RolloutServiceStub(self._channel)
+
+    async def generate(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> pb.GenerateResponse:
+        return await self.stub.Generate(make_request(prompts, **kwargs), timeout=self.timeout)
+
+    async def close(self) -> None:
+        await self._channel.close()

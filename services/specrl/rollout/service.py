@@ -19,7 +19,7 @@ from specrl.metrics import RolloutMetrics
 from specrl.rollout.adaptive import AdaptiveK
 from specrl.rollout.admission import AdmissionGate
 from specrl.rollout.engines.base import Engine, EngineStep, GeneratedSample, Sampling, SelfTestResult
-from specrl.rollout.weights import WeightUpdater
+from specrl.rollout.weights import Served, WeightUpdater
 
 log = logging.getLogger("specrl.rollout")
 
@@ -49,7 +49,16 @@ class RolloutService:
         self.engine_patches: list[str] = []
         self.gate = AdmissionGate()
         self._listeners: list[Callable[[bool], None]] = []
-        self.weights = WeightUpdater(cfg, engine, metrics, self.gate, on_change=self._notify)
+        served = Served(
+            policy_model=cfg.engine.model,
+            draft_model=cfg.speculation.draft,
+            method=cfg.speculation.method,
+            policy_version=cfg.policy_version,
+            draft_version=cfg.draft_version,
+        )
+        self.weights = WeightUpdater(
+            cfg.weight_sync, served, engine, metrics, self.gate, on_change=self._notify
+        )
         self._ids = itertools.count()
         self.k_schedule = cfg.speculation.k_schedule
         self.drafter_paused = False
@@ -243,6 +252,11 @@ class RolloutService:
                 self._observe(sample)
                 yield StampedSample(index, sample, policy, draft)
             status = "ok"
+        except (asyncio.CancelledError, GeneratorExit):
+            # the caller went away (its deadline, a disconnect, the orchestrator stopping):
+            # not the server's error, and counted apart so an error-rate alert stays quiet
+            status = "cancelled"
+            raise
         finally:
             self.metrics.queue_depth.dec(n_seqs - delivered)
             for t in tasks:

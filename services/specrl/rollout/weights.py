@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from specrl.config import RolloutServerConfig, resolve_model_path
+from specrl.config import WeightReceiverConfig, resolve_model_path
 from specrl.metrics import RolloutMetrics
 from specrl.rollout.admission import AdmissionGate, DrainTimeout
 from specrl.rollout.engines.base import Engine
-from specrl.speculation import has_draft_model
+from specrl.speculation import Method, has_draft_model
 from specrl.weightsync.group import JoinInfo
 from specrl.weightsync.manifest import Manifest, ManifestError
 from specrl.weightsync.names import Expected, checkpoint_tensors
@@ -57,6 +57,23 @@ class _Pending:
     finished: bool = False
 
 
+@dataclass(frozen=True)
+class Served:
+    """What the engine serves, as weight sync needs to know it: the checkpoints whose
+    tensors an update must match, the speculation method (whether there is a draft model
+    to update), and the versions the server started with."""
+
+    policy_model: str
+    draft_model: str | None
+    method: Method
+    policy_version: int = 0
+    draft_version: int = 0
+
+    @property
+    def has_draft_model(self) -> bool:
+        return has_draft_model(self.method)
+
+
 def _outcome(task: asyncio.Task) -> dict:
     if task.cancelled():
         return {"ok": False, "buckets": -1, "error": "receive cancelled (server shutting down)"}
@@ -66,16 +83,18 @@ def _outcome(task: asyncio.Task) -> dict:
 class WeightUpdater:
     def __init__(
         self,
-        cfg: RolloutServerConfig,
+        sync: WeightReceiverConfig,
+        served: Served,
         engine: Engine,
         metrics: RolloutMetrics,
         gate: AdmissionGate,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
-        self.cfg, self.engine, self.metrics, self.gate = cfg, engine, metrics, gate
+        self.sync, self.served = sync, served
+        self.engine, self.metrics, self.gate = engine, metrics, gate
         self.on_change = on_change
-        self.versions = {"policy": cfg.policy_version, "draft": cfg.draft_version}
-        self.draft_policy_version = cfg.policy_version
+        self.versions = {"policy": served.policy_version, "draft": served.draft_version}
+        self.draft_policy_version = served.policy_version
         self.epochs: dict[str, int] = {}
         self.synced: set[str] = set()
         self.dirty: dict[str, str] = {}
@@ -90,18 +109,14 @@ class WeightUpdater:
     # -- state --------------------------------------------------------------------
 
     @property
-    def has_draft_model(self) -> bool:
-        return has_draft_model(self.cfg.speculation.method)
-
-    @property
     def ready(self) -> bool:
-        return not self.dirty and all(k in self.synced for k in self.cfg.weight_sync.await_kinds)
+        return not self.dirty and all(k in self.synced for k in self.sync.await_kinds)
 
     @property
     def detail(self) -> str:
         if self.dirty:
             return "; ".join(self.dirty.values())
-        waiting = [k for k in self.cfg.weight_sync.await_kinds if k not in self.synced]
+        waiting = [k for k in self.sync.await_kinds if k not in self.synced]
         if waiting:
             return f"awaiting a first {' and '.join(waiting)} weight sync"
         if self.pending:
@@ -116,7 +131,7 @@ class WeightUpdater:
 
     @property
     def draft_lag(self) -> int:
-        return self.versions["policy"] - self.draft_policy_version if self.has_draft_model else 0
+        return self.versions["policy"] - self.draft_policy_version if self.served.has_draft_model else 0
 
     def _publish(self) -> None:
         m = self.metrics
@@ -124,23 +139,23 @@ class WeightUpdater:
         m.draft_version.set(self.versions["draft"])
         m.draft_policy_version.set(self.draft_policy_version)
         m.draft_lag.set(self.draft_lag)
-        m.stale_draft.set(1 if self.draft_lag > self.cfg.weight_sync.max_draft_lag else 0)
+        m.stale_draft.set(1 if self.draft_lag > self.sync.max_draft_lag else 0)
         m.weights_ready.set(1 if self.ready else 0)
         self.on_change()
 
     def _expected_tensors(self, kind: str) -> dict[str, Expected]:
         """The checkpoint's tensors: what the engine's loader accepts, in its names."""
         if kind not in self._expected:
-            ref = self.cfg.engine.model if kind == "policy" else self.cfg.speculation.draft or ""
+            ref = self.served.policy_model if kind == "policy" else self.served.draft_model or ""
             self._expected[kind] = checkpoint_tensors(resolve_model_path(ref), skip=_IGNORED)
         return self._expected[kind]
 
     def _check_kind(self, kind: str) -> None:
         if kind not in KINDS:
             raise WeightUpdateError("invalid", f"weight kind must be policy or draft, got {kind!r}")
-        if kind == "draft" and not self.has_draft_model:
+        if kind == "draft" and not self.served.has_draft_model:
             raise WeightUpdateError(
-                "precondition", f"speculation method {self.cfg.speculation.method!r} has no draft weights"
+                "precondition", f"speculation method {self.served.method!r} has no draft weights"
             )
 
     def _check_idle(self) -> None:
@@ -224,7 +239,7 @@ class WeightUpdater:
             raise WeightUpdateError("invalid", f"{kind} v{version} manifest: {e}") from None
         t0 = time.perf_counter()
         try:
-            await self.gate.close_and_drain(self.cfg.weight_sync.drain_timeout_s)
+            await self.gate.close_and_drain(self.sync.drain_timeout_s)
         except DrainTimeout as e:
             raise WeightUpdateError("deadline", str(e)) from None
         task = asyncio.create_task(self.engine.receive_weights(kind, epoch, manifest.to_dict()))
@@ -242,11 +257,11 @@ class WeightUpdater:
     async def commit(self, kind: str, version: int) -> None:
         p = self._pending_for(kind, version)
         try:
-            result = await asyncio.wait_for(asyncio.shield(p.task), self.cfg.weight_sync.receive_timeout_s)
+            result = await asyncio.wait_for(asyncio.shield(p.task), self.sync.receive_timeout_s)
         except TimeoutError:
             raise WeightUpdateError(
                 "deadline",
-                f"{kind} v{version} not received after {self.cfg.weight_sync.receive_timeout_s:g}s "
+                f"{kind} v{version} not received after {self.sync.receive_timeout_s:g}s "
                 "(weight_sync.receive_timeout_s); abort it",
             ) from None
         await self._finish(p, result)
@@ -274,7 +289,7 @@ class WeightUpdater:
         "in progress" for good and the next sender's update is taken."""
         if p.finished:
             return
-        result, wait_s = _outcome(p.task), self.cfg.weight_sync.receive_timeout_s
+        result, wait_s = _outcome(p.task), self.sync.receive_timeout_s
         if result["ok"]:
             await asyncio.sleep(wait_s)
             if p.finished:

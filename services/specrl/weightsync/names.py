@@ -1,10 +1,10 @@
 """Parameter names across the wire.
 
 Updates travel in checkpoint names: the names in the engine's own safetensors files,
-which is exactly what the engine's loader (vLLM `load_weights`, SGLang's
-`update_weights_from_distributed`) accepts. Senders translate into them
-(`to_checkpoint_name`); receivers check a manifest against the checkpoint they serve
-(`checkpoint_tensors`), so an unknown or misshapen tensor is refused before a byte moves.
+which is exactly what the engine's loader (vLLM's `load_weights`) accepts. Senders
+translate into them (`to_checkpoint_name`); receivers check a manifest against the
+checkpoint they serve (`checkpoint_tensors`), so an unknown or misshapen tensor is
+refused before a byte moves.
 """
 
 from __future__ import annotations

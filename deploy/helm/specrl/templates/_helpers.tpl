@@ -39,6 +39,17 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* Labels of a pod template: no chart version nor app version (a chart bump must not roll
+every pod; the image tag says what runs). */}}
+{{- define "specrl.podLabels" -}}
+{{ include "specrl.selectorLabels" . }}
+app.kubernetes.io/part-of: specrl
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
 {{- define "specrl.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "specrl.fullname" .) .Values.serviceAccount.name }}
@@ -70,13 +81,16 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- printf "dns:%s-rollout-headless.%s.svc:%d" $full .Release.Namespace (int .Values.rollout.port) }}
 {{- end }}
 
-{{/* The Secret with the services' TLS certificate, "" when mutual TLS is off. */}}
+{{/* The Secret with a component's TLS certificate, "" when mutual TLS is off:
+(dict "root" $ "component" "rollout"). An existing Secret serves every component; the
+chart's cert-manager Certificates (certificate.yaml) make one Secret per component. */}}
 {{- define "specrl.tlsSecret" -}}
-{{- if .Values.tls.enabled }}
-{{- if .Values.tls.existingSecret }}
-{{- .Values.tls.existingSecret }}
-{{- else if .Values.tls.certManager.enabled }}
-{{- printf "%s-tls" (include "specrl.fullname" .) }}
+{{- $v := .root.Values }}
+{{- if $v.tls.enabled }}
+{{- if $v.tls.existingSecret }}
+{{- $v.tls.existingSecret }}
+{{- else if $v.tls.certManager.enabled }}
+{{- printf "%s-%s-tls" (include "specrl.fullname" .root) (required "specrl.tlsSecret needs the component" .component) }}
 {{- else }}
 {{- fail "tls.enabled needs tls.existingSecret or tls.certManager.enabled" }}
 {{- end }}
@@ -119,10 +133,81 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- $world }}
 {{- end }}
 
-{{/* Pod-level fields every specrl pod shares: (dict "root" $ "affinity" ...) */}}
+{{/* The PriorityClass of a role (trainer, control, rollout; none: the release's
+`priorityClassName`): (dict "root" $ "role" ...) */}}
+{{- define "specrl.priorityClassName" -}}
+{{- $v := .root.Values }}
+{{- $pc := dict }}
+{{- if .role }}{{ $pc = index $v.priorityClasses .role }}{{ end }}
+{{- if $pc.name }}
+{{- $pc.name }}
+{{- else if and .role $v.priorityClasses.create }}
+{{- printf "%s-%s" (include "specrl.fullname" .root) .role }}
+{{- else }}
+{{- $v.priorityClassName }}
+{{- end }}
+{{- end }}
+
+{{/* A component's affinity: its `affinity` values plus what the chart adds. Every pod of
+the NCCL groups (trainer, rollout, draft-trainer) in one NVLink clique when they share a
+ComputeDomain (MNNVL reaches only inside one NVLink fabric); the trainer's pods in one
+clique (nvlink.trainerInOneClique); rollout pods preferring nodes that already hold rollout
+pods (rollout.packNodes): (dict "root" $ "component" ... "affinity" ...) */}}
+{{- define "specrl.affinity" -}}
+{{- $v := .root.Values }}
+{{- $a := deepCopy (default dict .affinity) }}
+{{- $pa := default dict $a.podAffinity }}
+{{- $required := default list $pa.requiredDuringSchedulingIgnoredDuringExecution }}
+{{- $preferred := default list $pa.preferredDuringSchedulingIgnoredDuringExecution }}
+{{- $own := fromYaml (include "specrl.selectorLabels" .) }}
+{{- if and (eq .component "trainer") $v.nvlink.trainerInOneClique }}
+{{- $required = append $required (dict "labelSelector" (dict "matchLabels" $own) "topologyKey" $v.nvlink.cliqueLabel) }}
+{{- end }}
+{{- if and $v.nvlink.computeDomain.enabled (has .component (list "trainer" "rollout" "draft-trainer")) }}
+{{- $release := dict "app.kubernetes.io/name" (include "specrl.name" .root) "app.kubernetes.io/instance" .root.Release.Name }}
+{{- $nccl := dict "key" "app.kubernetes.io/component" "operator" "In" "values" (list "draft-trainer" "rollout" "trainer") }}
+{{- $required = append $required (dict "labelSelector" (dict "matchLabels" $release "matchExpressions" (list $nccl)) "topologyKey" $v.nvlink.cliqueLabel) }}
+{{- end }}
+{{- if and (eq .component "rollout") $v.rollout.packNodes }}
+{{- $term := dict "labelSelector" (dict "matchLabels" $own) "topologyKey" "kubernetes.io/hostname" }}
+{{- $preferred = append $preferred (dict "weight" 100 "podAffinityTerm" $term) }}
+{{- end }}
+{{- if $required }}{{ $_ := set $pa "requiredDuringSchedulingIgnoredDuringExecution" $required }}{{ end }}
+{{- if $preferred }}{{ $_ := set $pa "preferredDuringSchedulingIgnoredDuringExecution" $preferred }}{{ end }}
+{{- if $pa }}{{ $_ := set $a "podAffinity" $pa }}{{ end }}
+{{- if $a }}{{ toYaml $a }}{{ end }}
+{{- end }}
+
+{{/* The ComputeDomain of the release (one: a rack never gets two overlapping domains) and
+its IMEX channel's ResourceClaimTemplate, which the DRA driver's controller makes. */}}
+{{- define "specrl.computeDomain" -}}
+{{- printf "%s-nvlink" (include "specrl.fullname" .) }}
+{{- end }}
+{{- define "specrl.computeDomainChannel" -}}
+{{- printf "%s-nvlink-channel" (include "specrl.fullname" .) }}
+{{- end }}
+
+{{/* Pod-level resourceClaims of an NCCL group's pod: the ComputeDomain's IMEX channel. */}}
+{{- define "specrl.nvlinkClaims" -}}
+{{- if .Values.nvlink.computeDomain.enabled -}}
+resourceClaims:
+  - name: imex
+    resourceClaimTemplateName: {{ include "specrl.computeDomainChannel" . }}
+{{- end }}
+{{- end }}
+
+{{/* A container's share of the claims above (under its `resources`). */}}
+{{- define "specrl.nvlinkContainerClaims" -}}
+{{- if .Values.nvlink.computeDomain.enabled -}}
+claims:
+  - name: imex
+{{- end }}
+{{- end }}
+
+{{/* Pod-level fields every specrl pod shares: (dict "root" $ "affinity" ... "role" ...) */}}
 {{- define "specrl.podCommon" -}}
 {{- $v := .root.Values -}}
-serviceAccountName: {{ include "specrl.serviceAccountName" .root }}
+serviceAccountName: {{ default (include "specrl.serviceAccountName" .root) .serviceAccount }}
 automountServiceAccountToken: {{ $v.serviceAccount.automountToken }}
 securityContext:
   {{- toYaml $v.podSecurityContext | nindent 2 }}
@@ -130,7 +215,7 @@ securityContext:
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $v.priorityClassName }}
+{{- with include "specrl.priorityClassName" . }}
 priorityClassName: {{ . }}
 {{- end }}
 {{- with $v.nodeSelector }}
@@ -147,21 +232,24 @@ affinity:
 {{- end }}
 {{- end }}
 
-{{/* Pod metadata: labels, config checksum (a config change rolls the pods), annotations. */}}
+{{/* Pod metadata: labels, the checksum of what this pod reads (its own service's config
+file, and what else it mounts: a change to another service's config rolls nothing here),
+annotations: (dict "root" $ "component" ... "checksum" ... "extraLabels" ...) */}}
 {{- define "specrl.podMeta" -}}
 labels:
-  {{- include "specrl.labels" . | nindent 2 }}
+  {{- include "specrl.podLabels" . | nindent 2 }}
   {{- with .extraLabels }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
 annotations:
-  checksum/config: {{ include (print .root.Template.BasePath "/configmap.yaml") .root | sha256sum }}
+  checksum/config: {{ required "specrl.podMeta needs a checksum" .checksum }}
   {{- with .root.Values.podAnnotations }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end }}
 
-{{/* Volumes of a specrl pod: config, scratch, models, and the run directory if `runs`. */}}
+{{/* Volumes of a specrl pod: config, scratch, models, the run directory if `runs`, and
+the component's TLS certificate: (dict "root" $ "runs" bool "component" "rollout"). */}}
 {{- define "specrl.volumes" -}}
 {{- $v := .root.Values -}}
 - name: config
@@ -186,7 +274,7 @@ annotations:
   persistentVolumeClaim:
     claimName: {{ include "specrl.runsClaim" .root }}
 {{- end }}
-{{- with include "specrl.tlsSecret" .root }}
+{{- with include "specrl.tlsSecret" . }}
 - name: tls
   secret:
     secretName: {{ . }}
@@ -203,7 +291,7 @@ annotations:
 - name: tmp
   mountPath: /tmp
 - name: cache
-  mountPath: /home/specrl/.cache
+  mountPath: {{ include "specrl.cacheDir" . }}
 {{- if $v.models.existingClaim }}
 - name: models
   mountPath: {{ $v.models.mountPath }}
@@ -213,20 +301,33 @@ annotations:
 - name: runs
   mountPath: {{ $v.runs.mountPath }}
 {{- end }}
-{{- if include "specrl.tlsSecret" .root }}
+{{- if $v.tls.enabled }}
 - name: tls
   mountPath: /etc/specrl/tls
   readOnly: true
 {{- end }}
 {{- end }}
 
-{{/* Container fields every specrl container shares (image, security, env). */}}
+{{/* Where the `cache` emptyDir is mounted: writable under the read-only root. */}}
+{{- define "specrl.cacheDir" -}}
+/home/specrl/.cache
+{{- end }}
+
+{{/* Container fields every specrl container shares (image, security, env):
+(dict "root" $ "image" ... "env" ... "gpus" n). A container with GPUs gets the RDMA
+devices (specrl.resources) and with them IPC_LOCK: RDMA registers (pins) memory. */}}
 {{- define "specrl.containerCommon" -}}
 {{- $v := .root.Values -}}
+{{- $security := deepCopy $v.containerSecurityContext }}
+{{- if and $v.nvlink.rdmaResources (gt (int .gpus) 0) }}
+{{- $caps := default dict $security.capabilities }}
+{{- $_ := set $caps "add" (uniq (append (default list $caps.add) "IPC_LOCK")) }}
+{{- $_ := set $security "capabilities" $caps }}
+{{- end -}}
 image: {{ include "specrl.image" . }}
 imagePullPolicy: {{ $v.image.pullPolicy }}
 securityContext:
-  {{- toYaml $v.containerSecurityContext | nindent 2 }}
+  {{- toYaml $security | nindent 2 }}
 env:
   - name: HOME
     value: /home/specrl
@@ -234,7 +335,14 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: metadata.name
-  {{- if include "specrl.tlsSecret" .root }}
+  {{- /* the root filesystem is read-only: every cache and config directory the engines
+  (vLLM, torch.compile / Inductor, Triton, CUDA's JIT, torch extensions, Hugging Face)
+  write, which would default under $HOME, goes to the `cache` emptyDir */}}
+  {{- range $name, $sub := dict "XDG_CACHE_HOME" "" "XDG_CONFIG_HOME" "config" "TRITON_HOME" "" "TRITON_CACHE_DIR" "triton" "TORCHINDUCTOR_CACHE_DIR" "torchinductor" "TORCH_EXTENSIONS_DIR" "torch_extensions" "TORCH_HOME" "torch" "CUDA_CACHE_PATH" "nv/ComputeCache" "VLLM_CACHE_ROOT" "vllm" "VLLM_CONFIG_ROOT" "config/vllm" "HF_HOME" "huggingface" }}
+  - name: {{ $name }}
+    value: {{ trimSuffix "/" (printf "%s/%s" (include "specrl.cacheDir" $) $sub) }}
+  {{- end }}
+  {{- if $v.tls.enabled }}
   - name: SPECRL_TLS_CERT
     value: /etc/specrl/tls/tls.crt
   - name: SPECRL_TLS_KEY

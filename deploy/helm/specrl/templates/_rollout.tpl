@@ -15,19 +15,24 @@ LWS_WORKER_INDEX) and serves nothing itself. */}}
 {{- $extra := dict }}
 {{- if .role }}
 {{- $_ := set $extra "specrl.dev/rollout-role" .role }}
-{{- end -}}
+{{- end }}
+{{- $affinity := fromYaml (include "specrl.affinity" (dict "root" $root "component" "rollout" "affinity" $r.affinity)) }}
+{{- $checksum := include "specrl.configChecksum" (dict "root" $root "file" "rollout") -}}
 metadata:
-  {{- include "specrl.podMeta" (dict "root" $root "component" "rollout" "extraLabels" $extra) | nindent 2 }}
+  {{- include "specrl.podMeta" (dict "root" $root "component" "rollout" "extraLabels" $extra "checksum" $checksum) | nindent 2 }}
 spec:
-  {{- include "specrl.podCommon" (dict "root" $root "affinity" $r.affinity) | nindent 2 }}
+  {{- include "specrl.podCommon" (dict "root" $root "affinity" $affinity "role" "rollout") | nindent 2 }}
+  {{- /* leader and workers alike: every engine worker is a member of the policy and
+  draft broadcast groups (weightsync/group.py) */}}
+  {{- include "specrl.nvlinkClaims" $root | nindent 2 }}
   containers:
     {{- if eq .role "worker" }}
     - name: rollout-worker
-      {{- include "specrl.containerCommon" (dict "root" $root "image" $r.image) | nindent 6 }}
+      {{- include "specrl.containerCommon" (dict "root" $root "image" $r.image "gpus" (div (int $r.gpusPerReplica) $nodes)) | nindent 6 }}
       args: [serve, rollout-worker, --config, /etc/specrl/rollout.yaml]
     {{- else }}
     - name: rollout
-      {{- include "specrl.containerCommon" (dict "root" $root "image" $r.image) | nindent 6 }}
+      {{- include "specrl.containerCommon" (dict "root" $root "image" $r.image "gpus" (div (int $r.gpusPerReplica) $nodes)) | nindent 6 }}
       args: [serve, rollout, --config, /etc/specrl/rollout.yaml]
       ports:
         - name: grpc
@@ -42,8 +47,9 @@ spec:
     {{- end }}
       resources:
         {{- include "specrl.resources" (dict "root" $root "resources" $r.resources "gpus" (div (int $r.gpusPerReplica) $nodes)) | nindent 8 }}
+        {{- include "specrl.nvlinkContainerClaims" $root | nindent 8 }}
       volumeMounts:
         {{- include "specrl.volumeMounts" (dict "root" $root "runs" false) | nindent 8 }}
   volumes:
-    {{- include "specrl.volumes" (dict "root" $root "runs" false) | nindent 4 }}
+    {{- include "specrl.volumes" (dict "root" $root "runs" false "component" "rollout") | nindent 4 }}
 {{- end }}

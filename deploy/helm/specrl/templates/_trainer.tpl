@@ -25,26 +25,23 @@ StatefulSet's pod 0, or the JobSet's first pod (<jobset>-<replicated job>-<job>-
 {{- $extra := dict }}
 {{- if $t.scheduling.podGroup }}
 {{- $_ := set $extra "scheduling.x-k8s.io/pod-group" (printf "%s-trainer" $full) }}
-{{- end -}}
+{{- end }}
+{{- $checksum := include "specrl.configChecksum" (dict "root" $root "file" "trainer") -}}
 metadata:
-  {{- include "specrl.podMeta" (merge (dict "extraLabels" $extra) $ctx) | nindent 2 }}
+  {{- include "specrl.podMeta" (merge (dict "extraLabels" $extra "checksum" $checksum) $ctx) | nindent 2 }}
 spec:
-  {{- include "specrl.podCommon" (dict "root" $root "affinity" .affinity) | nindent 2 }}
+  {{- include "specrl.podCommon" (dict "root" $root "affinity" .affinity "role" "trainer") | nindent 2 }}
   {{- if .jobset }}
   restartPolicy: Never  # a failed rank fails the gang; the JobSet restarts it whole
   {{- end }}
   {{- with $t.scheduling.schedulerName }}
   schedulerName: {{ . }}
   {{- end }}
-  {{- if $v.nvlink.computeDomain.enabled }}
-  resourceClaims:
-    - name: imex
-      resourceClaimTemplateName: {{ $full }}-trainer-imex
-  {{- end }}
+  {{- include "specrl.nvlinkClaims" $root | nindent 2 }}
   containers:
     - name: trainer
       {{- $env := list (dict "name" "NODE_RANK" "valueFrom" (dict "fieldRef" (dict "fieldPath" $rank))) }}
-      {{- include "specrl.containerCommon" (dict "root" $root "image" $t.image "env" $env) | nindent 6 }}
+      {{- include "specrl.containerCommon" (dict "root" $root "image" $t.image "env" $env "gpus" $t.gpusPerNode) | nindent 6 }}
       {{- if eq (int .world) 1 }}
       args: [serve, trainer, --config, /etc/specrl/trainer.yaml]
       {{- else }}
@@ -78,12 +75,9 @@ spec:
       {{- end }}
       resources:
         {{- include "specrl.resources" (dict "root" $root "resources" $t.resources "gpus" $t.gpusPerNode) | nindent 8 }}
-        {{- if $v.nvlink.computeDomain.enabled }}
-        claims:
-          - name: imex
-        {{- end }}
+        {{- include "specrl.nvlinkContainerClaims" $root | nindent 8 }}
       volumeMounts:
         {{- include "specrl.volumeMounts" (dict "root" $root "runs" true) | nindent 8 }}
   volumes:
-    {{- include "specrl.volumes" (dict "root" $root "runs" true) | nindent 4 }}
+    {{- include "specrl.volumes" (dict "root" $root "runs" true "component" "trainer") | nindent 4 }}
 {{- end }}

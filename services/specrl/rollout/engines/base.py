@@ -86,6 +86,11 @@ class GeneratedSample:
     acceptance: Acceptance
 
 
+class UnsupportedEngine(RuntimeError):
+    """The installed engine is a release specrl's engine code was not written for: the
+    server refuses to start rather than fail at the first weight push."""
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     engine: str

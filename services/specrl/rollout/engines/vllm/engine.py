@@ -28,6 +28,7 @@ from specrl.rollout.engines.base import (
     Sampling,
     SelfTestResult,
 )
+from specrl.rollout.engines.vllm import check_version
 from specrl.rollout.engines.vllm.steps import step_logger
 from specrl.rollout.engines.vllm.worker import SpecrlWorkerExtension
 from specrl.weightsync.group import JoinInfo
@@ -104,11 +105,13 @@ def serve_worker_node(cfg: RolloutServerConfig, node_rank: int) -> None:
     Weight updates reach these workers as they reach node 0's, through the engine's
     collective RPC."""
     engine = cfg.engine
+    import vllm
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
     if not 0 < node_rank < engine.nnodes:
         raise ValueError(f"node rank {node_rank}: worker nodes are 1..{engine.nnodes - 1} (engine.nnodes)")
+    check_version(vllm.__version__)
     args = engine_args(engine, cfg.speculation, node_rank=node_rank)
     config = args.create_engine_config(usage_context=UsageContext.ENGINE_CONTEXT, headless=True)
     log.info(
@@ -146,6 +149,8 @@ class VllmEngine:
 
     def __init__(self, engine: VllmEngineConfig, speculation: SpeculationConfig) -> None:
         import vllm
+
+        check_version(vllm.__version__)
         import vllm.envs
         from transformers import AutoConfig, AutoTokenizer
         from vllm.v1.engine.async_llm import AsyncLLM
