@@ -544,6 +544,33 @@ def bench_step(
     run_step_bench(out, steps=steps, config=config, console=console)
 
 
+@bench_app.command("scale")
+def bench_scale(
+    out: Path = typer.Option(Path("docs/bench/scale.json"), help="JSON output."),
+    replicas: str = typer.Option("16,64,128", help="Comma-separated numbers of rollout endpoints."),
+    concurrency: int = typer.Option(512, min=1, help="Generation slots per replica."),
+    steps: int = typer.Option(5, min=2, help="RL steps per configuration (the first fills the pipeline)."),
+    prompts: int = typer.Option(256, min=1, help="Prompt groups per step."),
+    n: int = typer.Option(16, min=1, help="Samples per group."),
+    step_s: float = typer.Option(2.0, min=0.0, help="The trainer endpoint's time per step, seconds."),
+    median_s: float = typer.Option(1.0, min=0.0, help="Median Generate latency (lognormal tail), seconds."),
+) -> None:
+    """The real orchestrator and Redis against load-generator rollout and trainer endpoints
+    (no engine): threads, Redis connections, CPU and overhead as replicas x slots grow."""
+    try:
+        counts = [int(x) for x in replicas.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"--replicas {replicas!r}: comma-separated integers, e.g. 16,64,128")
+    if not counts or min(counts) < 1:
+        _fail(f"--replicas {replicas!r}: at least one replica per configuration")
+    from specrl.bench.scale import run_scale_bench
+
+    run_scale_bench(
+        out, replicas=counts, concurrency=concurrency, steps=steps, prompts=prompts, n=n,
+        step_s=step_s, median_s=median_s, console=console,
+    )  # fmt: skip
+
+
 @simulate_app.command("validate")
 def simulate_validate(
     out: Path = typer.Option(Path("docs/bench/simulator.json"), help="JSON output (PNG beside)."),

@@ -644,17 +644,24 @@ class OrchestratorConfig(StrictModel):
     # calls on one event loop, not threads, so thousands per replica cost the orchestrator
     # no threads or Redis connections.
     concurrency: int = Field(16, ge=1)
-    # One Generate call (a group of n samples) may take this long before it is retried.
-    generate_timeout_s: float = Field(240.0, gt=0)
+    # One Generate call (a group of n samples) may take at most this long before it is
+    # retried. None: no fixed deadline, so a group of 30k-token samples takes as long as
+    # it needs; a replica that stops making progress is caught by generate_stall_s.
+    generate_timeout_s: float | None = Field(None, gt=0)
+    # A replica with calls in flight whose engine generates no token for this long is
+    # stalled: its calls are cancelled and their groups go to other replicas (not counted
+    # against the groups); it gets work again once it makes progress, or this long later.
+    generate_stall_s: float = Field(120.0, gt=0)
     # Generate calls a group may fail (deadline passed, an error of the replica) before it
     # is dropped as failed: logged, counted (the step's `failed`,
     # specrl_generation_dropped) and replaced by the next prompt, never retried forever.
     # A replica that is down, not ready or behind on weights does not count: the group
     # goes to another replica.
     max_attempts: int = Field(4, ge=1)
-    # A prompt or rollout entry pending this long is taken over by another consumer
-    # (longer than a Generate call may take, so a live generator is never overtaken).
-    reclaim_idle_s: float = Field(300.0, gt=0)
+    # A prompt or rollout entry pending this long is taken over (its orchestrator died).
+    # The prompt entries of calls in flight are marked alive at least every 10 s, so a
+    # live call, however long, is never overtaken.
+    reclaim_idle_s: float = Field(300.0, ge=30)
     # Fail the run when no rollout arrives for this long (every replica down, say).
     stall_timeout_s: float = Field(1800.0, gt=0)
     # How long `specrl run` waits at start for services running elsewhere (addresses)
@@ -670,15 +677,6 @@ class OrchestratorConfig(StrictModel):
     # The environment variable holding the control API's bearer token; unset, a token is
     # generated and written to <run dir>/control-token (readable by its owner only).
     control_token_env: str = Field("SPECRL_CONTROL_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-    @model_validator(mode="after")
-    def _check(self) -> OrchestratorConfig:
-        if self.generate_timeout_s >= self.reclaim_idle_s:
-            raise ValueError(
-                f"orchestrator.generate_timeout_s ({self.generate_timeout_s:g}) must be below "
-                f"reclaim_idle_s ({self.reclaim_idle_s:g}): a live generator would be overtaken"
-            )
-        return self
 
 
 class RedisConfig(StrictModel):

@@ -13,6 +13,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
 from deploygen import chart
 from specrl.config import (
@@ -22,6 +23,7 @@ from specrl.config import (
     TrainerServerConfig,
     validate,
 )
+from specrl.metrics import OrchestratorMetrics
 
 from helpers import tool
 
@@ -323,7 +325,7 @@ def test_rollout_replicas_autoscale_on_cpu_or_on_the_prompt_queues_lag():
     )
     # the autoscaler owns the replica count; the orchestrator follows it through DNS
     assert "replicas" not in by_kind(hpa_docs, "StatefulSet")["rl-specrl-rollout"]["spec"]
-    keda_docs = render("--set", "rollout.keda.enabled=true")
+    keda_docs = render("--set", "rollout.keda.enabled=true", "--set", "rollout.keda.trigger=queue")
     (scaled,) = by_kind(keda_docs, "ScaledObject").values()
     assert scaled["spec"]["scaleTargetRef"]["name"] == "rl-specrl-rollout"
     (trigger,) = scaled["spec"]["triggers"]
@@ -340,6 +342,35 @@ def test_rollout_replicas_autoscale_on_cpu_or_on_the_prompt_queues_lag():
     assert auth["spec"]["secretTargetRef"] == [
         {"parameter": "password", "name": "rl-specrl-redis", "key": "password"}
     ]
+    # the KEDA operator reads Redis itself: the Redis NetworkPolicy admits its namespace
+    (keda_from,) = [
+        peer["namespaceSelector"]["matchLabels"]
+        for rule in by_kind(keda_docs, "NetworkPolicy")["rl-specrl-redis"]["spec"]["ingress"]
+        for peer in rule["from"]
+        if "namespaceSelector" in peer
+    ]
+    assert keda_from == {"kubernetes.io/metadata.name": "keda"}
+
+
+@pytest.mark.parametrize("capacity", [0, 96])
+def test_keda_scales_generation_on_demand_over_capacity(capacity):
+    """The default KEDA trigger: Prometheus' sum of the sequences the run's orchestrator
+    wants generated now (its own gauge, filtered to this namespace and release), over what
+    one replica batches: the engine's max_num_seqs unless sequencesPerReplica says."""
+    docs = render(
+        *VALUES["gb200"], "--set", "rollout.keda.enabled=true",
+        "--set", f"rollout.keda.sequencesPerReplica={capacity}",
+    )  # fmt: skip
+    (scaled,) = by_kind(docs, "ScaledObject").values()
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    demand = OrchestratorMetrics(CollectorRegistry()).generation_demand._name
+    assert trigger["metadata"]["query"] == f'sum({demand}{{namespace="train",release="rl"}})'
+    max_num_seqs = configs(docs)["rollout.yaml"]["engine"]["max_num_seqs"]
+    assert trigger["metadata"]["threshold"] == str(capacity or max_num_seqs)
+    assert not by_kind(docs, "TriggerAuthentication")  # Prometheus, not Redis
+    redis_policy = by_kind(docs, "NetworkPolicy")["rl-specrl-redis"]["spec"]["ingress"]
+    assert not [p for rule in redis_policy for p in rule["from"] if "namespaceSelector" in p]
 
 
 def test_mutual_tls_reaches_every_grpc_peer_and_probes_speak_it():

@@ -110,7 +110,10 @@ def test_bad_input_is_invalid_argument_naming_the_field_and_server_survives(eagl
 
 def test_status_health_and_metrics(eagle):
     proc, c = eagle
-    c.generate(["Q: 4+4=?\nA:"], n=2, max_tokens=20)
+    before = c.status().tokens_generated
+    resp = c.generate(["Q: 4+4=?\nA:"], n=2, max_tokens=20)
+    # every token counted as the engine emits it (the orchestrator's progress watchdog)
+    assert c.status().tokens_generated - before == sum(len(s.token_ids) for s in resp.samples) > 0
     with pytest.raises(grpc.RpcError):
         c.generate([""])
     st = c.status()

@@ -142,6 +142,12 @@ def test_unknown_bench_task_is_refused():
     assert result.exit_code == 2 and "rl-hard" in result.output
 
 
+@pytest.mark.parametrize("replicas", ["16,x", "0", ""])
+def test_bench_scale_refuses_a_replica_list_it_cannot_run(replicas):
+    result = CliRunner().invoke(app, ["bench", "scale", "--replicas", replicas])
+    assert result.exit_code == 2 and "--replicas" in result.output
+
+
 def test_a_task_serves_its_own_target_and_drafts():
     from specrl.bench.rollout import Variant
     from specrl.bench.tasks import TASKS

@@ -124,9 +124,13 @@ def values_schema() -> dict[str, Any]:
         keda=_strict(
             {
                 "enabled": BOOL,
+                "trigger": {"enum": ["demand", "queue"]},
                 "minReplicas": COUNT,
                 "maxReplicas": POSITIVE,
+                "prometheusAddress": {"type": "string", "pattern": "^https?://[^\\s]+$"},
+                "sequencesPerReplica": COUNT,
                 "lagCount": POSITIVE,
+                "operatorNamespace": NAME,
                 "pollingInterval": POSITIVE,
                 "cooldownPeriod": COUNT,
             }

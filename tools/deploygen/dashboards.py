@@ -145,6 +145,31 @@ DASHBOARDS = (
                 "or weights) and no Generate call was in flight on any replica.",
             ),
             Panel(
+                "Idle share per rollout replica",
+                ((steps_rate("specrl_rollout_replica_idle_seconds_total", "replica"), "{{replica}}"),),
+                unit="percentunit",
+                description=f"Share of the last {STEPS_WINDOW} with no Generate call of the run "
+                "in flight on the replica: one idle replica among many, which the fleet's idle "
+                "fraction hides.",
+            ),
+            Panel(
+                "Generation load per replica",
+                (
+                    (
+                        "max by (replica) (specrl_generation_in_flight)"
+                        " / max by (replica) (specrl_generation_slots)",
+                        "{{replica}} calls in flight / slots",
+                    ),
+                ),
+                unit="percentunit",
+            ),
+            Panel(
+                "Generation demand",
+                (("max(specrl_generation_demand_sequences)", "sequences wanted now"),),
+                description="Samples per group x prompt groups admitted and not yet generated: "
+                "what rollout.keda (trigger demand) divides by a replica's max_num_seqs.",
+            ),
+            Panel(
                 "Groups without learning signal (all samples the same reward)",
                 (("specrl_step_zero_variance_groups_ratio", "share of the step's groups"),),
                 unit="percentunit",

@@ -6,7 +6,9 @@ replace vLLM in no other test or benchmark.
 
 The endpoints run in a child process (`LoadEndpoints`), so that what is measured in the
 orchestrator's process is the orchestrator's own: one grpc.aio server bound to many ports,
-each port one "replica".
+each port one "replica"; optionally one endpoint of the TrainerService API too, whose
+TrainStep takes a fixed time and whose PushWeights "updates" the replicas of the same
+process (their samples carry the version it pushed).
 """
 
 from __future__ import annotations
@@ -18,22 +20,42 @@ import math
 import random
 import subprocess
 import sys
+import time
 
 import grpc
 
 from specrl.v1 import rollout_pb2 as pb
 from specrl.v1 import rollout_pb2_grpc as pb_grpc
+from specrl.v1 import trainer_pb2 as tpb
+from specrl.v1 import trainer_pb2_grpc as tpb_grpc
+
+
+class _Policy:
+    version = 0  # the version the trainer endpoint pushed last: every sample's
 
 
 class _Endpoint(pb_grpc.RolloutServiceServicer):
     """Generate: n samples of `tokens` tokens at policy version 0, after a lognormal
-    latency (median `median_s`, shape `sigma`: a long tail, as RL generations have)."""
+    latency (median `median_s`, shape `sigma`: a long tail, as RL generations have);
+    GetStatus: tokens_generated advancing with time, as an engine at work. `hang`: an
+    engine that stopped, Generate never answers and tokens_generated stands still."""
 
-    def __init__(self, median_s: float, sigma: float, tokens: int, seed: int) -> None:
-        self.median_s, self.sigma, self.tokens = median_s, sigma, tokens
+    def __init__(
+        self, median_s: float, sigma: float, tokens: int, seed: int, hang: bool, policy: _Policy
+    ) -> None:
+        self.median_s, self.sigma, self.tokens, self.hang = median_s, sigma, tokens, hang
+        self.policy = policy
         self.rng = random.Random(seed)
+        self.started = time.monotonic()
+
+    async def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.RolloutStatus:
+        generated = 0 if self.hang else int((time.monotonic() - self.started) * 1000)
+        return pb.RolloutStatus(engine="loadgen", tokens_generated=generated)
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:
+        if self.hang:
+            await asyncio.Event().wait()
+        version = self.policy.version  # as a rollout server stamps it: at admission
         seconds = self.median_s * math.exp(self.sigma * self.rng.gauss(0.0, 1.0))
         await asyncio.sleep(seconds)
         n = max(1, request.sampling.n)
@@ -45,6 +67,7 @@ class _Endpoint(pb_grpc.RolloutServiceServicer):
                 logprobs=[-0.5] * self.tokens,
                 text="",
                 finish_reason=pb.FINISH_REASON_LENGTH,
+                policy_version=version,
             )
             for p in range(len(request.prompts))
             for j in range(n)
@@ -52,24 +75,84 @@ class _Endpoint(pb_grpc.RolloutServiceServicer):
         return pb.GenerateResponse(samples=samples, seconds=seconds)
 
 
-async def _serve(endpoints: int, median_s: float, sigma: float, tokens: int, seed: int) -> None:
+class _Trainer(tpb_grpc.TrainerServiceServicer):
+    """TrainStep: `step_s` seconds, then the next version; PushWeights: every replica
+    named is updated at once; SaveCheckpoint: nothing saved (the path returned)."""
+
+    def __init__(self, step_s: float, policy: _Policy) -> None:
+        self.step_s, self.policy = step_s, policy
+
+    async def GetStatus(self, request, context) -> tpb.TrainerStatus:
+        return tpb.TrainerStatus(model="loadgen", tp=1, dp=1, step=self.policy.version)
+
+    async def TrainStep(self, request: tpb.TrainStepRequest, context) -> tpb.TrainStepResponse:
+        await asyncio.sleep(self.step_s)
+        self.policy.version += 1
+        stats = dict.fromkeys(("loss", "kl", "entropy", "grad_norm", "clip_fraction"), 0.0)
+        metrics = tpb.StepMetrics(stats=stats, train_seconds=self.step_s, tokens=len(request.inline.samples))
+        return tpb.TrainStepResponse(metrics=metrics, step=self.policy.version)
+
+    async def PushWeights(self, request: tpb.PushWeightsRequest, context) -> tpb.PushWeightsResponse:
+        return tpb.PushWeightsResponse(version=self.policy.version, updated=list(request.replicas))
+
+    async def SaveCheckpoint(self, request, context) -> tpb.SaveCheckpointResponse:
+        return tpb.SaveCheckpointResponse(path=request.path, step=self.policy.version)
+
+
+async def _serve(
+    endpoints: int,
+    median_s: float,
+    sigma: float,
+    tokens: int,
+    seed: int,
+    hang: bool,
+    trainer_step_s: float | None,
+) -> None:
+    policy = _Policy()
     server = grpc.aio.server()
-    pb_grpc.add_RolloutServiceServicer_to_server(_Endpoint(median_s, sigma, tokens, seed), server)
+    pb_grpc.add_RolloutServiceServicer_to_server(
+        _Endpoint(median_s, sigma, tokens, seed, hang, policy), server
+    )
     ports = [server.add_insecure_port("127.0.0.1:0") for _ in range(endpoints)]
+    trainer = None
+    if trainer_step_s is not None:
+        trainer = grpc.aio.server()
+        tpb_grpc.add_TrainerServiceServicer_to_server(_Trainer(trainer_step_s, policy), trainer)
+        trainer_port = trainer.add_insecure_port("127.0.0.1:0")
+        await trainer.start()
     await server.start()
-    print(json.dumps([f"127.0.0.1:{p}" for p in ports]), flush=True)
+    print(json.dumps({
+        "rollout": [f"127.0.0.1:{p}" for p in ports],
+        "trainer": f"127.0.0.1:{trainer_port}" if trainer else "",
+    }), flush=True)  # fmt: skip
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until stdin closes
     await server.stop(grace=None)
+    if trainer is not None:
+        await trainer.stop(grace=None)
 
 
 class LoadEndpoints:
     """`endpoints` load-generator replicas in a child process; `addresses` once entered."""
 
-    def __init__(self, endpoints: int, *, median_s: float = 0.2, sigma: float = 0.8, tokens: int = 8) -> None:
+    def __init__(
+        self,
+        endpoints: int,
+        *,
+        median_s: float = 0.2,
+        sigma: float = 0.8,
+        tokens: int = 8,
+        hang: bool = False,
+        trainer_step_s: float | None = None,
+    ) -> None:
+        """`trainer_step_s`: also serve a trainer endpoint (`trainer`) whose step takes
+        that long."""
         self.args = [f"--endpoints={endpoints}", f"--median-s={median_s}", f"--sigma={sigma}"]
-        self.args.append(f"--tokens={tokens}")
+        self.args += [f"--tokens={tokens}"] + (["--hang"] if hang else [])
+        if trainer_step_s is not None:
+            self.args.append(f"--trainer-step-s={trainer_step_s}")
         self.proc: subprocess.Popen | None = None
         self.addresses: list[str] = []
+        self.trainer = ""
 
     def __enter__(self) -> LoadEndpoints:
         self.proc = subprocess.Popen(
@@ -82,7 +165,8 @@ class LoadEndpoints:
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"load endpoints exited with {self.proc.wait()} before serving")
-        self.addresses = json.loads(line)
+        served = json.loads(line)
+        self.addresses, self.trainer = served["rollout"], served["trainer"]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -102,8 +186,10 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=0.8)
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hang", action="store_true", help="endpoints whose engine stopped")
+    parser.add_argument("--trainer-step-s", type=float, default=None, help="also a trainer endpoint")
     a = parser.parse_args()
-    asyncio.run(_serve(a.endpoints, a.median_s, a.sigma, a.tokens, a.seed))
+    asyncio.run(_serve(a.endpoints, a.median_s, a.sigma, a.tokens, a.seed, a.hang, a.trainer_step_s))
 
 
 if __name__ == "__main__":

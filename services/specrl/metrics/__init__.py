@@ -330,6 +330,22 @@ class OrchestratorMetrics:
         self.queue_depth = Gauge(
             "specrl_queue_depth", "Groups waiting or in progress per queue", ["queue"], registry=r
         )
+        self.generation_in_flight = Gauge(
+            "specrl_generation_in_flight",
+            "Generate calls (prompt groups) in flight per rollout replica",
+            ["replica"],
+            registry=r,
+        )
+        self.generation_slots = Gauge(
+            "specrl_generation_slots", "Generate calls a replica may have in flight", ["replica"], registry=r
+        )
+        self.generation_demand = Gauge(
+            "specrl_generation_demand_sequences",
+            "Sequences the run wants generated now: samples per group x prompt groups admitted "
+            "and not yet generated (in flight or waiting); autoscaling divides it by a replica's "
+            "engine.max_num_seqs",
+            registry=r,
+        )
         self.replicas = Gauge(
             "specrl_rollout_replicas",
             "Rollout replicas the loop generates on (elastic with rollout.discover)",
@@ -368,6 +384,12 @@ class OrchestratorMetrics:
         )
         self.generation_retries = Counter(
             "specrl_generation_retries", "Prompt groups given back after a failed Generate call", registry=r
+        )
+        self.generation_stalled = Counter(
+            "specrl_generation_stalled",
+            "Times a rollout replica was found generating no token for orchestrator.generate_stall_s "
+            "with calls in flight (its calls cancelled, their groups sent elsewhere)",
+            registry=r,
         )
         self.generation_dropped = Counter(
             "specrl_generation_dropped",

@@ -57,6 +57,8 @@ log = logging.getLogger("specrl.orchestrator.generation")
 T = TypeVar("T")
 CONSUMER = "generation"  # this orchestrator's name in the prompt stream's consumer group
 FETCH_MAX = 256  # prompts taken from the queue per read, at most
+DEMAND_EVERY_S = 1.0  # how often the demand gauge (autoscaling's input) is read from Redis
+WATCH_EVERY_S = 10.0  # the progress watchdog's period, at most (and the entries' touch)
 _FINISH = {
     rpb.FINISH_REASON_STOP: "stop",
     rpb.FINISH_REASON_LENGTH: "length",
@@ -134,7 +136,8 @@ class Generators:
         sampling: SamplingConfig,
         reward_fn: RewardFn,
         seed: int,
-        timeout_s: float,
+        timeout_s: float | None,
+        stall_s: float = 120.0,
         max_attempts: int = 4,
         metrics: OrchestratorMetrics | None = None,
         retry_backoff_s: float = 1.0,
@@ -149,6 +152,7 @@ class Generators:
         self.reward_fn = reward_fn
         self.seed = seed
         self.timeout_s = timeout_s
+        self.stall_s = stall_s
         self.max_attempts = max_attempts
         self.metrics = metrics
         self.retry_backoff_s = retry_backoff_s
@@ -174,6 +178,11 @@ class Generators:
         self._wake: asyncio.Event | None = None
         self._clients: dict[str, AsyncRolloutClient] = {}
         self._in_flight: dict[str, int] = {}
+        self._calls: dict[str, dict[asyncio.Task, Delivery]] = {}  # per replica, in flight
+        # per replica: its engine's tokens_generated when last seen to change, and when
+        # (or when it got work, if later); replicas stalled, and since when
+        self._progress: dict[str, tuple[int | None, float]] = {}
+        self._stalled: dict[str, float] = {}
         self._leaving: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self._failed_start: Exception | None = None
@@ -269,10 +278,14 @@ class Generators:
 
     def _join(self, replica: str) -> None:
         self._idle.watch(replica)
+        if self.metrics:
+            self.metrics.generation_slots.labels(replica=replica).set(self.concurrency)
+            self.metrics.generation_in_flight.labels(replica=replica)  # 0 until a call
         self._leaving.discard(replica)
         if replica not in self._clients:
             self._clients[replica] = AsyncRolloutClient(replica, timeout=self.timeout_s)
             self._in_flight[replica] = 0
+            self._calls[replica] = {}
         self._notify()
 
     def _leave(self, replica: str) -> None:
@@ -283,7 +296,12 @@ class Generators:
     def _close_if_done(self, replica: str) -> None:
         if replica in self._leaving and self._in_flight.get(replica) == 0:
             self._leaving.discard(replica)
-            del self._in_flight[replica]
+            del self._in_flight[replica], self._calls[replica]
+            self._progress.pop(replica, None)
+            self._stalled.pop(replica, None)
+            if self.metrics:
+                self.metrics.generation_slots.remove(replica)
+                self.metrics.generation_in_flight.remove(replica)
             client = self._clients.pop(replica)
             self._spawn(client.close())
 
@@ -297,11 +315,7 @@ class Generators:
         self._notify()
 
     def _spawn(self, coro) -> asyncio.Task:
-        task = (
-            asyncio.get_running_loop().create_task(coro)
-            if self._loop is None
-            else self._loop.create_task(coro)
-        )
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -315,11 +329,16 @@ class Generators:
         return {
             r: self.concurrency - n
             for r, n in self._in_flight.items()
-            if n < self.concurrency and r not in self._leaving and r not in self._paused
+            if n < self.concurrency
+            and r not in self._leaving
+            and r not in self._paused
+            and r not in self._stalled
         }
 
     async def _dispatch(self) -> None:
         assert self._wake is not None
+        self._spawn(self._publish_demand())
+        self._spawn(self._watch())
         while not self._stop.is_set():
             free = self._free()
             if not free:
@@ -342,9 +361,11 @@ class Generators:
                     self._spawn(self._requeue(delivery))
                     continue
                 replica = max(free, key=free.__getitem__)
+                if self._in_flight[replica] == 0:  # progress is awaited from now on
+                    self._progress[replica] = (self._progress.get(replica, (None, 0.0))[0], time.monotonic())
                 self._in_flight[replica] += 1
                 self._busy(replica, +1)
-                self._spawn(self._run(replica, delivery))
+                self._calls[replica][self._spawn(self._run(replica, delivery))] = delivery
 
     async def _close(self) -> None:
         """After the dispatcher stopped: let cancelled calls give their prompts back,
@@ -357,6 +378,20 @@ class Generators:
     def _busy(self, replica: str, delta: int) -> None:
         self._idle.busy(IdleClock.ANY, delta)
         self._idle.busy(replica, delta)
+        if self.metrics:
+            self.metrics.generation_in_flight.labels(replica=replica).inc(delta)
+
+    async def _publish_demand(self) -> None:
+        """Sequences wanted now: n x the prompt groups in the queue (taken or not: a
+        finished group's entry is deleted), for autoscaling on demand vs capacity."""
+        while not self._stop.is_set():
+            try:
+                groups = (await self._blocking(self.streams.depths))["prompts"]
+                if self.metrics:
+                    self.metrics.generation_demand.set(groups * self.sampling.n)
+            except Exception:  # Redis away: the dispatcher says so
+                pass
+            await asyncio.sleep(DEMAND_EVERY_S)
 
     async def _run(self, replica: str, delivery: Delivery) -> None:
         """One prompt group on one replica's slot; the slot is freed after any back-off."""
@@ -370,8 +405,60 @@ class Generators:
         finally:
             self._busy(replica, -1)
             self._in_flight[replica] -= 1
+            self._calls[replica].pop(asyncio.current_task(), None)  # type: ignore[arg-type]
             self._close_if_done(replica)
             self._notify()
+
+    async def _watch(self) -> None:
+        """The no-progress watchdog, in place of a fixed deadline: a replica with calls
+        in flight whose engine generated no token for `stall_s` (its tokens_generated
+        unchanged, or its status unanswered) is stalled: its calls are cancelled (the
+        groups go back uncounted, to other replicas) and it gets no work until its engine
+        progresses again, or `stall_s` later. Also marks the prompt entries of the calls
+        in flight alive, so that no live call is reclaimed as abandoned."""
+        every = min(WATCH_EVERY_S, self.stall_s / 4)
+        while not self._stop.is_set():
+            await asyncio.sleep(every)
+            entries = [d.entry_id for calls in self._calls.values() for d in calls.values()]
+            try:
+                await self._blocking(self.streams.touch, CONSUMER, entries)
+            except Exception as e:
+                log.warning("could not mark %d generations in flight alive: %s", len(entries), e)
+            watched = [r for r in self._clients if self._in_flight[r] or r in self._stalled]
+            seen = await asyncio.gather(*(self._tokens(r) for r in watched))
+            now = time.monotonic()
+            for replica, tokens in zip(watched, seen):
+                last, since = self._progress.get(replica, (None, now))
+                if tokens is not None and tokens != last:
+                    self._progress[replica] = (tokens, now)
+                    if self._stalled.pop(replica, None) is not None:
+                        log.info("%s makes progress again: it gets work", replica)
+                        self._notify()
+                elif replica in self._stalled:
+                    if now - self._stalled[replica] > self.stall_s:
+                        del self._stalled[replica]  # try it again
+                        self._notify()
+                elif self._in_flight[replica] and now - since > self.stall_s:
+                    self._stall(replica, now - since)
+
+    async def _tokens(self, replica: str) -> int | None:
+        """The replica engine's tokens_generated; None when it does not answer."""
+        client = self._clients.get(replica)
+        try:
+            return (await client.status(timeout=min(10.0, self.stall_s))).tokens_generated if client else None
+        except grpc.aio.AioRpcError:
+            return None
+
+    def _stall(self, replica: str, seconds: float) -> None:
+        calls = self._calls.get(replica, {})
+        reason = f"no token generated for {seconds:.0f}s with {len(calls)} calls in flight (generate_stall_s)"
+        log.error("%s is stalled: %s; its groups go to other replicas", replica, reason)
+        self.errors[replica] = reason
+        self._stalled[replica] = time.monotonic()
+        if self.metrics:
+            self.metrics.generation_stalled.inc()
+        for task in list(calls):
+            task.cancel()  # the call's group is re-queued, not counted against it
 
     def _failed(self, replica: str, delivery: Delivery, e: Exception) -> None:
         """A group that failed outside the Generate call's own errors: Redis failing
@@ -420,7 +507,7 @@ class Generators:
                 stop_token_ids=self.stop_token_ids,
                 seed=request_seed(self.seed, group.group_id),
             )
-        except asyncio.CancelledError:  # stop cancelled the call (the replica aborts it)
+        except asyncio.CancelledError:  # stop or a stall cancelled the call (the replica aborts it)
             await self._requeue(delivery)
             return
         except grpc.aio.AioRpcError as e:

@@ -148,6 +148,7 @@ class Orchestrator:
             reward_fn=reward_fn,
             seed=seed,
             timeout_s=cfg.generate_timeout_s,
+            stall_s=cfg.generate_stall_s,
             max_attempts=cfg.max_attempts,
             metrics=metrics,
             stop_token_ids=tuple(source.stop_token_ids()),

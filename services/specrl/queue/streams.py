@@ -173,6 +173,12 @@ class RunStreams:
             got = resp[0][1] if resp else []
         return [Delivery(e, PromptGroup(**json.loads(f["data"])), redelivered) for e, f in got]
 
+    def touch(self, consumer: str, entries: list[str]) -> None:
+        """Mark prompt entries still being generated as alive (their idle time reset), so
+        that a long call is never reclaimed as abandoned."""
+        if entries:
+            self.r.xclaim(self.prompts, GENERATORS, consumer, 0, entries, justid=True)
+
     def finish(self, prompt_entry: str, group: RolloutGroup) -> None:
         """Hand a finished group to the trainer and acknowledge its prompt, atomically."""
         pipe = self.r.pipeline(transaction=True)

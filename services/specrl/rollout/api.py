@@ -90,7 +90,8 @@ class AsyncRolloutClient:
     """The calls generation makes, on a grpc.aio channel: create and use it on one event
     loop. Cancelling a pending `generate` cancels the call (the server aborts it)."""
 
-    def __init__(self, address: str, *, timeout: float = 600.0) -> None:
+    def __init__(self, address: str, *, timeout: float | None = 600.0) -> None:
+        """`timeout`: each Generate call's deadline (None: none)."""
         self.address = address
         self.timeout = timeout
         self._channel = grpc_options.aio_channel(address)
@@ -98,6 +99,9 @@ class AsyncRolloutClient:
 
     async def generate(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> pb.GenerateResponse:
         return await self.stub.Generate(make_request(prompts, **kwargs), timeout=self.timeout)
+
+    async def status(self, *, timeout: float = 10.0) -> pb.RolloutStatus:
+        return await self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)
 
     async def close(self) -> None:
         await self._channel.close()

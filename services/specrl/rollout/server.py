@@ -128,6 +128,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             weight_sync_workers=info.workers,
             weight_sync=self._weight_state(),
             speculation=self._speculation_state(),
+            tokens_generated=svc.engine.tokens_generated,
         )
 
     def _speculation_state(self) -> pb.SpeculationState:

@@ -118,6 +118,9 @@ class Engine(Protocol):
     """A generation backend. One instance serves many concurrent requests."""
 
     info: EngineInfo
+    # Tokens generated since start over every request, unfinished samples included: it
+    # advances while the engine makes progress (the orchestrator's no-progress watchdog).
+    tokens_generated: int
 
     def tokenize(self, text: str) -> list[int]: ...
 

@@ -172,6 +172,7 @@ class VllmEngine:
             workers=engine.tensor_parallel_size,
             max_n=vllm.envs.VLLM_MAX_N_SEQUENCES,
         )
+        self.tokens_generated = 0
         self._step_listeners: list[Callable[[EngineStep], None]] = []
         self._drafter_paused = False
         loggers = [step_logger(self._step_listeners)] if speculation.adaptive.enabled else None
@@ -207,6 +208,7 @@ class VllmEngine:
             for c in out.outputs:
                 toks = tokens.setdefault(c.index, [])
                 toks.extend(c.token_ids)
+                self.tokens_generated += len(c.token_ids)
                 lps = logprobs.setdefault(c.index, [])
                 lps.extend(pos[t].logprob for pos, t in zip(c.logprobs or [], c.token_ids))
                 texts.setdefault(c.index, []).append(c.text)
