@@ -640,10 +640,13 @@ class OrchestratorConfig(StrictModel):
     # generated again), or kept and corrected by truncated importance sampling
     # (needs trainer.grpo.is_cap).
     stale: Literal["drop", "importance"] = "drop"
-    # Concurrent Generate calls (prompt groups) per rollout replica: its slots. They are
-    # calls on one event loop, not threads, so thousands per replica cost the orchestrator
-    # no threads or Redis connections.
-    concurrency: int = Field(16, ge=1)
+    # Concurrent Generate calls (prompt groups of sampling.n samples) per rollout replica:
+    # its slots. They are calls on one event loop, not threads, so thousands per replica
+    # cost the orchestrator no threads or Redis connections. None: from each replica's
+    # engine (the max_num_seqs its GetStatus reports) and sampling.n, as
+    # ceil(1.25 x max_num_seqs / n), so that the engine's batch stays full as groups finish
+    # (16 while a replica's status cannot be read).
+    concurrency: int | None = Field(None, ge=1)
     # One Generate call (a group of n samples) may take at most this long before it is
     # retried. None: no fixed deadline, so a group of 30k-token samples takes as long as
     # it needs; a replica that stops making progress is caught by generate_stall_s.
@@ -701,17 +704,63 @@ class RedisConfig(StrictModel):
         return value
 
 
+class AutoscaleConfig(StrictModel):
+    """The orchestrator scales the rollout workload itself, through the Kubernetes API,
+    toward a target share of each step spent waiting for generation (exposed generation):
+    the quantity an RL team watches, where KEDA or an HPA can only see queue depth or
+    load. Each decision predicts the exposed share at another replica count from the
+    steps measured at this one (generation time inversely proportional to replicas; the
+    part hidden behind training stays hidden) and moves to the fewest replicas predicted
+    to meet the target, within [min_replicas, max_replicas], by at most `max_factor` at a
+    time (docs/orchestrator.md, Autoscaling)."""
+
+    enabled: bool = False
+    # The rollout workload's scale subresource: statefulsets/NAME (apps/v1) or
+    # leaderworkersets/NAME (leaderworkerset.x-k8s.io/v1, multi-node replicas).
+    workload: str = Field("", pattern=r"^((statefulsets|leaderworkersets)/[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$")
+    namespace: str = Field("", pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(8, ge=1)
+    # Exposed generation over step time to aim for: with max_lag >= 1 generation can hide
+    # behind training almost entirely; synchronous RL (max_lag 0) always exposes all of it.
+    target_exposed_share: float = Field(0.1, gt=0, lt=1)
+    # No change while the measured share is within this of the target (hysteresis).
+    tolerance: float = Field(0.05, ge=0, lt=1)
+    # Steps measured with every replica of the current count in the run before a decision.
+    window_steps: int = Field(2, ge=1)
+    max_factor: float = Field(2.0, gt=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> AutoscaleConfig:
+        if self.enabled and not (self.workload and self.namespace):
+            raise ValueError("rollout.autoscale: set workload (statefulsets/NAME) and namespace")
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"rollout.autoscale: min_replicas {self.min_replicas} > max_replicas {self.max_replicas}"
+            )
+        return self
+
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DISCOVER_PATTERN = rf"^(k8s:{_DNS_LABEL}/[a-z0-9]([-a-z0-9.]*[a-z0-9])?:\d+|dns:.+:\d+|file:.+)$"
+
+
 class RolloutFleetConfig(StrictModel):
     """The rollout replicas: started by `specrl run` from `server`, already running at
     `addresses`, or found while the run goes on by `discover` (one of the three)."""
 
     replicas: int = Field(1, ge=0)
     addresses: tuple[str, ...] = ()
-    # Elastic replicas: "dns:NAME:PORT" (every address NAME resolves to, e.g. a Kubernetes
-    # headless Service) or "file:PATH" (host:port per line), looked up again every
+    # Elastic replicas: "k8s:NAMESPACE/SERVICE:PORT" (the Service's EndpointSlices,
+    # watched through the Kubernetes API: a pod that appears or goes away is seen at once),
+    # "dns:NAME:PORT" (every address NAME resolves to, e.g. a headless Service) or
+    # "file:PATH" (host:port per line); DNS and files are looked up again every
     # `discover_every_s`. A replica that appears joins once it holds the current policy;
     # one that goes away is dropped (its prompts in flight are generated elsewhere).
-    discover: str | None = Field(None, pattern=r"^(dns:.+:\d+|file:.+)$")
+    discover: str | None = Field(
+        None,
+        pattern=r"^(k8s:[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?:\d+|dns:.+:\d+|file:.+)$",
+    )
     discover_every_s: float = Field(10.0, gt=0)
     # With `discover`: how long the run waits at start for a first replica that serves.
     discover_timeout_s: float = Field(600.0, gt=0)
@@ -720,9 +769,12 @@ class RolloutFleetConfig(StrictModel):
     # times each (the run goes on; the trainer catches it up to the current policy);
     # past that, or with 0, the run stops with its state kept (`specrl run --resume`).
     max_restarts: int = Field(3, ge=0)
+    autoscale: AutoscaleConfig = AutoscaleConfig()
 
     @model_validator(mode="after")
     def _check(self) -> RolloutFleetConfig:
+        if self.autoscale.enabled and not self.discover:
+            raise ValueError("rollout.autoscale needs rollout.discover: the replicas it scales join by it")
         given = [
             name
             for name, on in (

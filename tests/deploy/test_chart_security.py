@@ -144,7 +144,7 @@ def test_each_component_reaches_only_what_it_talks_to():
             assert not egress_allowed(docs, pods[a], pods["redis"], "redis"), a
             assert not egress_allowed(docs, pods[a], o, "metrics"), a
         assert not any(egress_allowed(docs, pods["redis"], pods[p], 43127) for p in SERVERS if p in pods)
-        # the orchestrator pod's release step scales the run down through the API server
+        # the orchestrator pod calls the API server (EndpointSlice discovery, the release step)
         assert egress_allowed(docs, o, None, 6443) and not egress_allowed(docs, o, None, 22)
         health = pods["health"]
         assert egress_allowed(docs, health, pods["trainer"], "grpc")
@@ -152,12 +152,22 @@ def test_each_component_reaches_only_what_it_talks_to():
 
 
 def test_the_orchestrator_reaches_outside_only_for_the_api_server_or_an_external_redis():
-    docs = render("--set", "orchestrator.releaseOnCompletion=false")
+    no_api = ("--set", "orchestrator.releaseOnCompletion=false", "--set", "orchestrator.discovery=dns")
+    docs = render(*no_api)
     o = _pods(docs)["orchestrator"]
     assert not egress_allowed(docs, o, None, 443) and not egress_allowed(docs, o, None, 6443)
+    # each use of the API opens it: the release step, EndpointSlice discovery, scaling
+    for uses in (
+        ("--set", "orchestrator.releaseOnCompletion=true"),
+        ("--set", "orchestrator.discovery=endpointslices"),
+        ("--set", "rollout.orchestratorScaling.enabled=true"),
+    ):
+        docs = render(*no_api, *uses)
+        o = _pods(docs)["orchestrator"]
+        assert egress_allowed(docs, o, None, 443) and egress_allowed(docs, o, None, 6443), uses
     external = render(
-        *("--set", "orchestrator.releaseOnCompletion=false", "--set", "redis.enabled=false"),
-        *("--set", "redis.url=rediss://redis.example.com:6380/0"),
+        *no_api,
+        *("--set", "redis.enabled=false", "--set", "redis.url=rediss://redis.example.com:6380/0"),
     )
     o = _pods(external)["orchestrator"]
     assert egress_allowed(external, o, None, 6380) and not egress_allowed(external, o, None, 6379)

@@ -119,6 +119,9 @@ def small_values(tmp_path, extra: dict | None = None) -> tuple[list[str], dict[s
         "orchestrator.config.sampling.max_tokens": 32,
         "orchestrator.config.orchestrator.steps": STEPS,
         "orchestrator.config.orchestrator.concurrency": 8,
+        # no Kubernetes API here to watch EndpointSlices through: the headless Service's
+        # DNS name, which on_loopback turns into this machine
+        "orchestrator.discovery": "dns",
         **(extra or {}),
     }
     tree: dict = {}

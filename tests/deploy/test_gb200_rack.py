@@ -292,15 +292,15 @@ def test_a_finished_run_scales_its_gpu_workloads_to_zero(args):
     # the run itself is unchanged: the image's `specrl` entry point, the Job's own args
     run = containers["orchestrator"]
     assert "command" not in run and run["args"] == ["run", "--config", "/etc/specrl/run.yaml", "--continue"]
-    assert not any(m["mountPath"].startswith("/var/run/secrets") for m in run["volumeMounts"])
     release = containers["release"]
-    assert pod["spec"]["automountServiceAccountToken"] is False  # the token: the release container's only
+    assert pod["spec"]["automountServiceAccountToken"] is False  # the pod mounts no token by itself
     sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
     token = [m for m in release["volumeMounts"] if m["mountPath"] == sa_dir]
     assert token and token[0]["readOnly"]
     account = pod["spec"]["serviceAccountName"]
     assert account in by_kind(docs, "ServiceAccount") and account != "rl-specrl"
     (role,) = by_kind(docs, "Role").values()
+    assert role["metadata"]["name"] == "rl-specrl-orchestrator"
     (binding,) = by_kind(docs, "RoleBinding").values()
     rbac = "rbac.authorization.k8s.io"
     assert binding["roleRef"] == {"apiGroup": rbac, "kind": "Role", "name": role["metadata"]["name"]}
@@ -317,12 +317,29 @@ def test_a_finished_run_scales_its_gpu_workloads_to_zero(args):
     trainer = "jobsets" if args is JOBSET else "statefulsets/scale"
     assert (rollout, "rl-specrl-rollout") in kinds and (trainer, "rl-specrl-trainer") in kinds
     assert ("statefulsets/scale", "rl-specrl-draft-trainer") in kinds or args == ()
+    # besides the release step's: the orchestrator's EndpointSlice watch (discovery, by
+    # default; test_orchestrator_api.py goes through every combination)
+    assert rules[("discovery.k8s.io", "endpointslices")]["verbs"] == ["list", "watch"]
     verbs = {v for rule in role["rules"] for v in rule["verbs"]}
-    assert verbs == {"get", "patch"}  # nothing to create, delete or list
-    # kept on request
+    assert verbs == {"get", "patch", "list", "watch"}  # nothing to create or delete
+    assert [m["name"] for m in run["volumeMounts"] if m["mountPath"] == sa_dir] == ["kube-api-access"]
+    # kept on request: no release container, no rule of its own
     kept = render(*args, "--set", "orchestrator.releaseOnCompletion=false")
     _, _, kept_containers = _release_parts(kept)
-    assert set(kept_containers) == {"orchestrator"} and not by_kind(kept, "Role")
+    assert set(kept_containers) == {"orchestrator"}
+    (kept_role,) = by_kind(kept, "Role").values()
+    assert [(r["apiGroups"], r["resources"]) for r in kept_role["rules"]] == [
+        (["discovery.k8s.io"], ["endpointslices"])
+    ]
+    # and with DNS discovery the orchestrator calls no API: no Role, no token
+    dns = render(
+        *args, "--set", "orchestrator.releaseOnCompletion=false", "--set", "orchestrator.discovery=dns"
+    )
+    _, _, dns_containers = _release_parts(dns)
+    assert not by_kind(dns, "Role")
+    assert not any(
+        m["mountPath"].startswith("/var/run/secrets") for m in dns_containers["orchestrator"]["volumeMounts"]
+    )
 
 
 class _FakeApi(BaseHTTPRequestHandler):

@@ -129,10 +129,11 @@ def test_services_find_each_other_by_the_names_the_chart_gives_them(rendered):
     services = by_kind(docs, "Service")
     sets = by_kind(docs, "StatefulSet")
     rollout = sets["rl-specrl-rollout"]
-    # the orchestrator finds every rollout pod through the headless Service's DNS name
+    # the orchestrator finds every rollout pod through the headless Service: its
+    # EndpointSlices, watched through the Kubernetes API (test_orchestrator_api.py)
     assert rollout["spec"]["serviceName"] == "rl-specrl-rollout-headless"
     port = files["rollout.yaml"]["port"]
-    assert run["rollout"] == {"replicas": 0, "discover": f"dns:rl-specrl-rollout-headless.train.svc:{port}"}
+    assert run["rollout"] == {"replicas": 0, "discover": f"k8s:train/rl-specrl-rollout-headless:{port}"}
     assert services["rl-specrl-rollout-headless"]["spec"]["publishNotReadyAddresses"] is True
     # the trainer's gRPC Service reaches rank 0 only; its broadcast store is pod 0's name
     grpc_svc = services["rl-specrl-trainer"]["spec"]
@@ -175,7 +176,7 @@ def test_rollout_and_trainer_scale_independently():
     assert (replicas(more_rollout, "rollout"), replicas(more_rollout, "trainer")) == (5, 1)
     assert (
         configs(more_rollout)["run.yaml"]["rollout"] == configs(base)["run.yaml"]["rollout"]
-    )  # found by DNS
+    )  # found at run time (rollout.discover)
     assert (replicas(more_trainer, "rollout"), replicas(more_trainer, "trainer")) == (1, 2)
     assert configs(more_trainer)["run.yaml"]["rollout"] == configs(base)["run.yaml"]["rollout"]
     trainer = containers(more_trainer)["trainer"]
@@ -303,11 +304,14 @@ def test_helm_test_asks_every_grpc_service_for_its_health():
     args = pod["spec"]["containers"][0]["args"]
     assert args[0] == "health"
     run = configs(docs)["run.yaml"]
-    services = {run["trainer"]["address"], run["draft_trainer"]["address"], run["rollout"]["discover"]}
+    # the rollout replicas by the headless Service's DNS name: the test pod calls no API
+    rollout = "dns:rl-specrl-rollout-headless.train.svc:50051"
+    services = {run["trainer"]["address"], run["draft_trainer"]["address"], rollout}
     assert set(args) >= services
+    assert run["rollout"]["discover"] == "k8s:train/rl-specrl-rollout-headless:50051"
 
 
-def test_rollout_replicas_autoscale_on_cpu_or_on_the_prompt_queues_lag():
+def test_rollout_replicas_autoscale_on_demand_or_on_the_prompt_queues_lag():
     from specrl.queue.streams import GENERATORS, RunStreams
 
     hpa_docs = render(
@@ -323,7 +327,10 @@ def test_rollout_replicas_autoscale_on_cpu_or_on_the_prompt_queues_lag():
         "rl-specrl-rollout",
         6,
     )
-    # the autoscaler owns the replica count; the orchestrator follows it through DNS
+    # on the run's generation demand (External metric), not on a GPU pod's CPU
+    # (test_orchestrator_api.py checks the metric and its target)
+    assert [m["type"] for m in hpa["spec"]["metrics"]] == ["External"]
+    # the autoscaler owns the replica count; the orchestrator follows it (rollout.discover)
     assert "replicas" not in by_kind(hpa_docs, "StatefulSet")["rl-specrl-rollout"]["spec"]
     keda_docs = render("--set", "rollout.keda.enabled=true", "--set", "rollout.keda.trigger=queue")
     (scaled,) = by_kind(keda_docs, "ScaledObject").values()

@@ -52,3 +52,28 @@ def test_each_kustomization_deploys_what_the_chart_renders(overlay):
             kubernetes_validate.validate(d, KUBERNETES, strict=True)
     chart = kustomize.render(kustomize.OVERLAYS.get(overlay))
     assert _without_namespace(docs) == _without_namespace(chart)
+
+
+def test_the_kustomize_orchestrator_watches_endpointslices_with_its_own_role():
+    """The chart's default (orchestrator.discovery endpointslices): the kustomize base
+    carries the same ServiceAccount, Role and token mount as a Helm release."""
+    docs = build(KUSTOMIZE / "base")
+    kinds = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    config = yaml.safe_load(kinds[("ConfigMap", "specrl-config")]["data"]["run.yaml"])
+    assert config["rollout"]["discover"] == "k8s:specrl/specrl-rollout-headless:50051"
+    role = kinds[("Role", "specrl-orchestrator")]
+    assert {
+        "apiGroups": ["discovery.k8s.io"],
+        "resources": ["endpointslices"],
+        "verbs": ["list", "watch"],
+    } in role["rules"]
+    binding = kinds[("RoleBinding", "specrl-orchestrator")]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "specrl-orchestrator", "namespace": "specrl"}
+    ]
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "specrl-orchestrator"
+    (orchestrator,) = [c for c in pod["containers"] if c["name"] == "orchestrator"]
+    sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert any(m["mountPath"] == sa_dir for m in orchestrator["volumeMounts"])

@@ -196,6 +196,36 @@ def test_the_chart_ships_the_dashboards_and_the_rules():
     assert "PrometheusRule" not in {d["kind"] for d in render()}  # off unless the operator is there
 
 
+def test_the_rl_step_dashboard_shows_the_rollout_scaler_beside_what_it_aims_at():
+    """The orchestrator's autoscaler (rollout.orchestratorScaling): its ask beside the
+    replicas in the run, its predicted exposed-generation share beside the last step's, and
+    each replica's generation throughput, by the names the orchestrator exports them under."""
+    from prometheus_client import CollectorRegistry
+
+    from specrl.metrics import OrchestratorMetrics
+
+    m = OrchestratorMetrics(CollectorRegistry())
+    (step,) = [d for d in dashboards.DASHBOARDS if d.uid == "specrl-rl-step"]
+    panels = dashboards.dashboard_json(step)["panels"]
+
+    def panel_of(*metrics: str) -> dict:
+        (found,) = [
+            p for p in panels if all(any(f"{x}{{" in t["expr"] for t in p["targets"]) for x in metrics)
+        ]
+        return found
+
+    scale = panel_of(m.target_replicas._name, m.replicas._name)
+    assert len(scale["targets"]) == 2
+    share = panel_of(m.predicted_exposed_share._name, m.last_exposed_share._name)
+    assert share["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    (per_replica,) = panel_of(m.replica_tokens_per_second._name)["targets"]
+    assert "by (replica)" in per_replica["expr"] and per_replica["legendFormat"] == "{{replica}}"
+    assert m.replica_tokens_per_second._labelnames == ("replica",)
+    for p in (scale, share):  # one run's series: the dashboard's variables
+        for t in p["targets"]:
+            assert 'namespace=~"$namespace",release=~"$release"' in t["expr"], t["expr"]
+
+
 # --- kube-prometheus-stack, scrape targets, one run among several (issue 30) ------------
 
 RUN = ("namespace", "release")  # the labels that tell one run (Helm release) from another

@@ -2,12 +2,17 @@
 values' concurrency) against load-generator endpoints (specrl.bench.loadgen: the real
 RolloutService gRPC API answering after a long-tailed latency, no engine behind it; a
 fleet of 64 engines cannot run here) and a real Redis. A thread and a Redis connection per
-slot was 32,768 of each; threads and connections must not grow with replicas x slots."""
+slot was 32,768 of each; threads and connections must not grow with replicas x slots.
+
+Without orchestrator.concurrency each replica's slots come from the capacity it reports
+(GetStatus max_num_seqs) and the group size n; the orchestrator measures each replica's
+load (tokens/s, from the statuses its watchdog reads) and each group's wait in the queue."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 
 import pytest
@@ -17,7 +22,7 @@ from specrl.bench.loadgen import LoadEndpoints
 from specrl.config import SamplingConfig
 from specrl.data.rewards import math_reward
 from specrl.metrics import OrchestratorMetrics
-from specrl.orchestrator.generation import Generators
+from specrl.orchestrator.generation import FALLBACK_SLOTS, Generators, slots_for
 from specrl.queue.redis_server import RedisServer
 from specrl.queue.streams import PromptGroup, RunStreams
 
@@ -73,13 +78,15 @@ def test_threads_and_redis_connections_stay_bounded_at_64_replicas_of_512_slots(
 
 
 def _run(
-    streams: RunStreams, replicas: list[str], groups: int, metrics: OrchestratorMetrics, **kw
+    streams: RunStreams, replicas: list[str], groups: int, metrics: OrchestratorMetrics, *, n: int = 2, **kw
 ) -> list[dict]:
-    """Generate `groups` prompt groups on `replicas` with no fixed deadline; the groups
-    handed on (every one, or a timeout)."""
+    """Generate `groups` prompt groups of `n` samples on `replicas` with no fixed deadline;
+    the groups handed on (every one, or a timeout). Slots: from each replica's capacity
+    unless `concurrency` is given."""
     streams.publish([PromptGroup(f"0-{i}", 0, [1, 2, 3], "", "8", 0) for i in range(groups)])
+    kw.setdefault("concurrency", None)
     gens = Generators(
-        streams, replicas, sampling=SamplingConfig(n=2, max_tokens=8), reward_fn=math_reward, seed=0,
+        streams, replicas, sampling=SamplingConfig(n=n, max_tokens=8), reward_fn=math_reward, seed=0,
         timeout_s=None, metrics=metrics, **kw,
     ).start()  # fmt: skip
     try:
@@ -97,9 +104,12 @@ def test_a_generation_far_longer_than_the_stall_limit_finishes_once_while_its_re
     are marked alive)."""
     registry = CollectorRegistry()
     metrics = OrchestratorMetrics(registry)
-    with RedisServer(tmp_path / "redis") as server, LoadEndpoints(2, median_s=4.0, sigma=0.0) as fleet:
+    with (
+        RedisServer(tmp_path / "redis") as server,
+        LoadEndpoints(2, median_s=4.0, sigma=0.0, max_num_seqs=6) as fleet,  # 4 slots at n=2
+    ):
         streams = RunStreams.connect(server.url, "long", reclaim_idle_s=1.0)
-        groups = _run(streams, list(fleet.addresses), 6, metrics, concurrency=4, stall_s=1.0)
+        groups = _run(streams, list(fleet.addresses), 6, metrics, stall_s=1.0)
     assert sorted(g["group_id"] for g in groups) == [f"0-{i}" for i in range(6)]
     assert all(g["gen_seconds"] >= 3.9 and not g["error"] for g in groups)
     for counter in ("specrl_generation_retries_total", "specrl_generation_stalled_total"):
@@ -115,13 +125,146 @@ def test_a_replica_that_stops_generating_is_found_stalled_and_its_groups_go_else
     metrics = OrchestratorMetrics(registry)
     with (
         RedisServer(tmp_path / "redis") as server,
-        LoadEndpoints(4, hang=True) as stopped,
-        LoadEndpoints(4, median_s=0.1) as healthy,
+        LoadEndpoints(4, hang=True, max_num_seqs=6) as stopped,  # 4 slots at n=2
+        LoadEndpoints(4, median_s=0.1, max_num_seqs=6) as healthy,
     ):
         streams = RunStreams.connect(server.url, "hung")
         replicas = stopped.addresses + healthy.addresses
-        groups = _run(streams, replicas, 40, metrics, concurrency=4, stall_s=1.0)
+        groups = _run(streams, replicas, 40, metrics, stall_s=1.0)
     assert sorted(g["group_id"] for g in groups) == sorted(f"0-{i}" for i in range(40))
     assert {g["replica"] for g in groups} <= set(healthy.addresses)
     assert registry.get_sample_value("specrl_generation_stalled_total") >= 4
     assert registry.get_sample_value("specrl_generation_retries_total") == 0
+
+
+def _gauge(registry: CollectorRegistry, name: str, replica: str) -> float | None:
+    return registry.get_sample_value(name, {"replica": replica})
+
+
+def test_each_replicas_slots_come_from_the_capacity_it_reports_and_the_group_size(tmp_path):
+    """Two replicas whose engines batch 8 and 20 sequences, groups of n=4: 3 and 7 slots
+    (ceil(1.25 x max_num_seqs / n)), each kept full by a backlog and never exceeded, as
+    the replicas themselves count the calls in flight on them. Each group's wait in the
+    queue is observed once, by the replica that took it."""
+    registry = CollectorRegistry()
+    metrics = OrchestratorMetrics(registry)
+    with (
+        RedisServer(tmp_path / "redis") as server,
+        LoadEndpoints(1, median_s=0.2, sigma=0.3, max_num_seqs=8) as small,
+        LoadEndpoints(1, median_s=0.2, sigma=0.3, max_num_seqs=20) as large,
+    ):
+        streams = RunStreams.connect(server.url, "slots")
+        groups = _run(streams, small.addresses + large.addresses, 80, metrics, n=4)
+    (a,), (b,) = small.addresses, large.addresses
+    assert (slots_for(8, 4), slots_for(20, 4)) == (3, 7)
+    assert (
+        _gauge(registry, "specrl_generation_slots", a),
+        _gauge(registry, "specrl_generation_slots", b),
+    ) == (3, 7)
+    assert (small.peak_in_flight, large.peak_in_flight) == (3, 7), "slots not filled, or exceeded"
+    assert len(groups) == 80 and small.calls + large.calls == 80
+    for replica in (a, b):
+        took = sum(g["replica"] == replica for g in groups)
+        assert (
+            registry.get_sample_value("specrl_generation_queue_wait_seconds_count", {"replica": replica})
+            == took
+        )
+
+
+def test_concurrency_when_given_overrides_the_replicas_capacity(tmp_path):
+    registry = CollectorRegistry()
+    metrics = OrchestratorMetrics(registry)
+    with RedisServer(tmp_path / "redis") as server, LoadEndpoints(1, median_s=0.1, max_num_seqs=64) as fleet:
+        streams = RunStreams.connect(server.url, "fixed")
+        groups = _run(streams, fleet.addresses, 20, metrics, n=4, concurrency=2)
+    assert len(groups) == 20
+    assert _gauge(registry, "specrl_generation_slots", fleet.addresses[0]) == 2  # not 20
+    assert fleet.peak_in_flight == 2
+
+
+def test_a_replica_whose_status_is_unanswered_at_join_gets_the_fallback_until_read(tmp_path):
+    """Nothing listens on the replica's port when the generators start: it gets
+    FALLBACK_SLOTS. Once it serves (capacity 8, n=4), a watchdog pass reads 3 slots."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    replica = f"127.0.0.1:{port}"
+    registry = CollectorRegistry()
+    with RedisServer(tmp_path / "redis") as server:
+        streams = RunStreams.connect(server.url, "late")
+        gens = Generators(
+            streams, [replica], concurrency=None, sampling=SamplingConfig(n=4, max_tokens=8),
+            reward_fn=math_reward, seed=0, timeout_s=None, stall_s=1.0, metrics=OrchestratorMetrics(registry),
+        ).start()  # fmt: skip
+        try:
+            wait_for(lambda: gens.slots() == {replica: FALLBACK_SLOTS}, 10, "the fallback")
+            assert _gauge(registry, "specrl_generation_slots", replica) == FALLBACK_SLOTS
+            with LoadEndpoints(1, max_num_seqs=8, ports=[port]):
+                wait_for(lambda: _gauge(registry, "specrl_generation_slots", replica) == 3, 15, "3 slots")
+        finally:
+            gens.stop()
+
+
+def test_each_replicas_tokens_per_second_is_measured_and_forgotten_when_it_leaves(tmp_path):
+    """Every replica's status is read on each watchdog pass, idle or not: its engine's
+    tokens/s shows for the two generating and for a third that joined and got no work
+    (paused: it awaits the current policy). A replica removed loses all its series once
+    its calls finish; the others keep theirs."""
+    registry = CollectorRegistry()
+    metrics = OrchestratorMetrics(registry)
+    rate = "specrl_rollout_replica_tokens_per_second"
+    with RedisServer(tmp_path / "redis") as server, LoadEndpoints(3, median_s=0.5, sigma=0.2) as fleet:
+        a, b, idle = fleet.addresses
+        streams = RunStreams.connect(server.url, "load")
+        streams.publish([PromptGroup(f"0-{i}", 0, [1, 2, 3], "", "8", 0) for i in range(2000)])
+        gens = Generators(
+            streams, [a, b], concurrency=None, sampling=SamplingConfig(n=4, max_tokens=8),
+            reward_fn=math_reward, seed=0, timeout_s=None, stall_s=1.0, metrics=metrics,
+        ).start()  # fmt: skip
+        try:
+            gens.add(idle)
+            wait_for(lambda: all((_gauge(registry, rate, r) or 0) > 0 for r in (a, b, idle)), 10, "tokens/s")
+            assert _gauge(registry, "specrl_generation_in_flight", a) > 0
+            assert _gauge(registry, "specrl_generation_in_flight", idle) == 0
+            assert streams.r.xlen(streams.rollouts) < 2000, "still generating"
+            gens.remove(b)
+            wait_for(lambda: _gauge(registry, rate, b) is None, 10, "b's tokens/s removed")
+            for name in (
+                "specrl_generation_slots",
+                "specrl_generation_in_flight",
+                "specrl_generation_queue_wait_seconds_count",
+            ):
+                assert _gauge(registry, name, b) is None, name
+            assert _gauge(registry, rate, a) > 0 and _gauge(registry, rate, idle) > 0
+        finally:
+            gens.stop()
+
+
+def test_the_queue_wait_of_each_group_is_from_its_admission_to_its_call(tmp_path):
+    """Twelve groups admitted at once to one replica of 3 slots, calls of 0.1 s: they wait
+    for a slot in turn (0, 0.1, 0.2, 0.3 s, three each, and more). Each group's wait is its
+    call's start (RolloutGroup.started_at) less its admission (its stream entry's id, ms on
+    Redis's clock, here this host's)."""
+    registry = CollectorRegistry()
+    metrics = OrchestratorMetrics(registry)
+    with RedisServer(tmp_path / "redis") as server, LoadEndpoints(1, median_s=0.1, sigma=0.0) as fleet:
+        streams = RunStreams.connect(server.url, "wait")
+        before = time.time()
+        streams.publish([PromptGroup(f"0-{i}", 0, [1, 2, 3], "", "8", 0) for i in range(12)])
+        admitted = time.time()
+        gens = Generators(
+            streams, fleet.addresses, concurrency=3, sampling=SamplingConfig(n=4, max_tokens=8),
+            reward_fn=math_reward, seed=0, timeout_s=None, metrics=metrics,
+        ).start()  # fmt: skip
+        try:
+            wait_for(lambda: streams.r.xlen(streams.rollouts) >= 12, 30, "every group")
+        finally:
+            gens.stop()
+        groups = [json.loads(fields["data"]) for _, fields in streams.r.xrange(streams.rollouts)]
+    labels = {"replica": fleet.addresses[0]}
+    assert registry.get_sample_value("specrl_generation_queue_wait_seconds_count", labels) == 12
+    total = registry.get_sample_value("specrl_generation_queue_wait_seconds_sum", labels)
+    started = sum(g["started_at"] for g in groups)
+    # admitted between `before` (less the id's ms rounding) and `admitted`
+    assert started - 12 * admitted - 0.01 <= total <= started - 12 * (before - 0.001) + 0.01
+    assert total >= 3 * (0.1 + 0.2 + 0.3) * 0.9, "the later groups waited their turn"

@@ -119,6 +119,7 @@ def test_status_health_and_metrics(eagle):
         c.generate([""])
     st = c.status()
     assert (st.engine, st.speculation_method, st.num_speculative_tokens) == ("vllm", "eagle3", 3)
+    assert st.max_num_seqs == 128  # the engine's batch: the orchestrator's slots follow it
     assert st.self_test_passed and st.self_test_p_value > 1e-4 and st.draft_model.endswith("eagle3-domain")
     assert c.health() == health_pb2.HealthCheckResponse.SERVING
     if not torch.cuda.is_available():

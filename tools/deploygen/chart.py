@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from specrl.config import (
+    AutoscaleConfig,
     DraftTrainerServerConfig,
     RolloutServerConfig,
     RunConfig,
@@ -96,6 +97,31 @@ def _model(cls: type[BaseModel], defs: dict[str, Any], only: tuple[str, ...] = (
     return schema
 
 
+# rollout.orchestratorScaling: the orchestrator's own scaler (run.yaml's rollout.autoscale,
+# AutoscaleConfig), each value under its camelCase name with the model's bounds; the chart
+# sets `workload` and `namespace` itself.
+SCALING_FIELDS = (
+    "min_replicas",
+    "max_replicas",
+    "target_exposed_share",
+    "tolerance",
+    "window_steps",
+    "max_factor",
+)
+_BOUNDS = ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
+def _orchestrator_scaling() -> dict[str, Any]:
+    fields = AutoscaleConfig.model_json_schema(mode="validation")["properties"]
+    bounds = {_camel(f): {k: v for k, v in fields[f].items() if k in _BOUNDS} for f in SCALING_FIELDS}
+    return _strict({"enabled": BOOL, **bounds})
+
+
 def _component(config: dict[str, Any], **extra: dict[str, Any]) -> dict[str, Any]:
     return _strict({"image": IMAGE, "resources": RESOURCES, "affinity": OBJECT, "config": config, **extra})
 
@@ -113,14 +139,8 @@ def values_schema() -> dict[str, Any]:
         startupSeconds={"type": "integer", "minimum": 10},
         packNodes=BOOL,
         podDisruptionBudget=_strict({"enabled": BOOL, "maxUnavailable": {"type": ["integer", "string"]}}),
-        autoscaling=_strict(
-            {
-                "enabled": BOOL,
-                "minReplicas": POSITIVE,
-                "maxReplicas": POSITIVE,
-                "targetCPUUtilizationPercentage": {"type": "integer", "minimum": 1, "maximum": 100},
-            }
-        ),
+        # the HPA's target per replica is the demand scalers' capacity (keda.sequencesPerReplica)
+        autoscaling=_strict({"enabled": BOOL, "minReplicas": POSITIVE, "maxReplicas": POSITIVE}),
         keda=_strict(
             {
                 "enabled": BOOL,
@@ -135,6 +155,7 @@ def values_schema() -> dict[str, Any]:
                 "cooldownPeriod": COUNT,
             }
         ),
+        orchestratorScaling=_orchestrator_scaling(),
     )
     trainer = _component(
         _model(TrainerServerConfig, defs),
@@ -165,6 +186,8 @@ def values_schema() -> dict[str, Any]:
         controlTokenSecret=STRING,
         backoffLimit=COUNT,
         releaseOnCompletion=BOOL,
+        # rollout.discover: the headless Service's EndpointSlices (Kubernetes API) or its DNS name
+        discovery={"enum": ["endpointslices", "dns"]},
     )
     redis = _strict(
         {
@@ -244,8 +267,20 @@ def values_schema() -> dict[str, Any]:
             {
                 "enabled": BOOL,
                 "metricsFrom": {"type": "array"},
-                # egress.extra: NetworkPolicyEgressRules added to every specrl pod's
-                "egress": _strict({"enabled": BOOL, "extra": {"type": "array", "items": OBJECT}}),
+                # egress.extra: NetworkPolicyEgressRules added to every specrl pod's;
+                # egress.kubeApi: where the orchestrator's pod reaches the API server
+                "egress": _strict(
+                    {
+                        "enabled": BOOL,
+                        "extra": {"type": "array", "items": OBJECT},
+                        "kubeApi": _strict(
+                            {
+                                "cidrs": {"type": "array", "minItems": 1, "items": NAME},
+                                "ports": {"type": "array", "minItems": 1, "items": PORT},
+                            }
+                        ),
+                    }
+                ),
             }
         ),
         # labels: what kube-prometheus-stack's serviceMonitorSelector / ruleSelector match

@@ -167,7 +167,41 @@ DASHBOARDS = (
                 "Generation demand",
                 (("max(specrl_generation_demand_sequences)", "sequences wanted now"),),
                 description="Samples per group x prompt groups admitted and not yet generated: "
-                "what rollout.keda (trigger demand) divides by a replica's max_num_seqs.",
+                "what rollout.keda (trigger demand) and the HPA (rollout.autoscaling, External "
+                "metric) divide by a replica's max_num_seqs.",
+            ),
+            Panel(
+                "Rollout replicas: asked for vs in the run",
+                (
+                    ("max(specrl_rollout_target_replicas)", "asked for (orchestrator autoscaler)"),
+                    ("max(specrl_rollout_replicas)", "in the run"),
+                ),
+                description="What the orchestrator's autoscaler (rollout.orchestratorScaling) "
+                "last set the rollout workload's scale to, beside the replicas the loop generates "
+                "on: they differ while new pods start, load the model and take the current "
+                "policy. Without that scaler the ask stays 0.",
+            ),
+            Panel(
+                "Exposed generation share: predicted vs measured",
+                (
+                    (
+                        "max(specrl_rollout_autoscale_predicted_exposed_share)",
+                        "predicted at the replicas asked for",
+                    ),
+                    ("max(specrl_last_step_exposed_generation_share)", "last step"),
+                ),
+                unit="percentunit",
+                description="The share of a step the trainer waits for rollouts, as the "
+                "orchestrator's autoscaler predicts it at the replica count it asked for (it aims "
+                "at rollout.orchestratorScaling.targetExposedShare), beside the last step's.",
+            ),
+            Panel(
+                "Generation throughput per replica",
+                (("max by (replica) (specrl_rollout_replica_tokens_per_second)", "{{replica}}"),),
+                unit="tps",
+                description="Tokens each replica's engine generated per second between the "
+                "orchestrator's last two reads of its status (every request it served): its "
+                "load, read as it runs rather than when a Generate call returns.",
             ),
             Panel(
                 "Groups without learning signal (all samples the same reward)",

@@ -9,6 +9,11 @@ orchestrator's process is the orchestrator's own: one grpc.aio server bound to m
 each port one "replica"; optionally one endpoint of the TrainerService API too, whose
 TrainStep takes a fixed time and whose PushWeights "updates" the replicas of the same
 process (their samples carry the version it pushed).
+
+Each endpoint reports a capacity in GetStatus (`max_num_seqs`, as a rollout server
+reports its engine's), from which the orchestrator derives its slots unless
+orchestrator.concurrency is set; once the endpoints stop, `LoadEndpoints` holds the most
+Generate calls they had in flight at once (`peak_in_flight`) and how many they answered.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 import grpc
 
@@ -37,27 +43,52 @@ class _Policy:
 class _Endpoint(pb_grpc.RolloutServiceServicer):
     """Generate: n samples of `tokens` tokens at policy version 0, after a lognormal
     latency (median `median_s`, shape `sigma`: a long tail, as RL generations have);
-    GetStatus: tokens_generated advancing with time, as an engine at work. `hang`: an
-    engine that stopped, Generate never answers and tokens_generated stands still."""
+    GetStatus: tokens_generated advancing with time, as an engine at work, and
+    `max_num_seqs` as its capacity. `hang`: an engine that stopped, Generate never answers
+    and tokens_generated stands still. Counts the calls in flight (GetStatus's
+    requests_in_flight), their peak and the calls answered, over every port it serves."""
 
     def __init__(
-        self, median_s: float, sigma: float, tokens: int, seed: int, hang: bool, policy: _Policy
+        self,
+        median_s: float,
+        sigma: float,
+        tokens: int,
+        seed: int,
+        hang: bool,
+        policy: _Policy,
+        max_num_seqs: int = 64,
     ) -> None:
         self.median_s, self.sigma, self.tokens, self.hang = median_s, sigma, tokens, hang
         self.policy = policy
+        self.max_num_seqs = max_num_seqs
         self.rng = random.Random(seed)
         self.started = time.monotonic()
+        self.in_flight = self.peak_in_flight = self.calls = 0
 
     async def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.RolloutStatus:
         generated = 0 if self.hang else int((time.monotonic() - self.started) * 1000)
-        return pb.RolloutStatus(engine="loadgen", tokens_generated=generated)
+        return pb.RolloutStatus(
+            engine="loadgen",
+            tokens_generated=generated,
+            max_num_seqs=self.max_num_seqs,
+            requests_in_flight=self.in_flight,
+        )
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            return await self._generate(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _generate(self, request: pb.GenerateRequest) -> pb.GenerateResponse:
         if self.hang:
             await asyncio.Event().wait()
         version = self.policy.version  # as a rollout server stamps it: at admission
         seconds = self.median_s * math.exp(self.sigma * self.rng.gauss(0.0, 1.0))
         await asyncio.sleep(seconds)
+        self.calls += 1
         n = max(1, request.sampling.n)
         samples = [
             pb.Sample(
@@ -107,13 +138,23 @@ async def _serve(
     seed: int,
     hang: bool,
     trainer_step_s: float | None,
+    max_num_seqs: int = 64,
+    ports: Sequence[int] = (),
+    hosts: bool = False,
 ) -> None:
     policy = _Policy()
     server = grpc.aio.server()
-    pb_grpc.add_RolloutServiceServicer_to_server(
-        _Endpoint(median_s, sigma, tokens, seed, hang, policy), server
-    )
-    ports = [server.add_insecure_port("127.0.0.1:0") for _ in range(endpoints)]
+    endpoint = _Endpoint(median_s, sigma, tokens, seed, hang, policy, max_num_seqs)
+    pb_grpc.add_RolloutServiceServicer_to_server(endpoint, server)
+    if hosts:  # one port, an address each (127.0.0.1, 127.0.0.2, ...): pods behind a Service
+        port = server.add_insecure_port("127.0.0.1:0")
+        addresses = [f"127.0.0.{i + 1}:{port}" for i in range(endpoints)]
+        bound = [port] + [server.add_insecure_port(a) for a in addresses[1:]]
+    else:
+        bound = [server.add_insecure_port(f"127.0.0.1:{p}") for p in (ports or [0] * endpoints)]
+        addresses = [f"127.0.0.1:{p}" for p in bound]
+    if 0 in bound:
+        raise SystemExit(f"could not bind every one of {addresses}")
     trainer = None
     if trainer_step_s is not None:
         trainer = grpc.aio.server()
@@ -122,13 +163,14 @@ async def _serve(
         await trainer.start()
     await server.start()
     print(json.dumps({
-        "rollout": [f"127.0.0.1:{p}" for p in ports],
+        "rollout": addresses,
         "trainer": f"127.0.0.1:{trainer_port}" if trainer else "",
     }), flush=True)  # fmt: skip
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until stdin closes
     await server.stop(grace=None)
     if trainer is not None:
         await trainer.stop(grace=None)
+    print(json.dumps({"peak_in_flight": endpoint.peak_in_flight, "calls": endpoint.calls}), flush=True)
 
 
 class LoadEndpoints:
@@ -143,16 +185,30 @@ class LoadEndpoints:
         tokens: int = 8,
         hang: bool = False,
         trainer_step_s: float | None = None,
+        max_num_seqs: int = 64,
+        ports: Sequence[int] = (),
+        hosts: bool = False,
     ) -> None:
         """`trainer_step_s`: also serve a trainer endpoint (`trainer`) whose step takes
-        that long."""
+        that long. `max_num_seqs`: the capacity every endpoint reports in GetStatus.
+        `ports`: the endpoints' ports (one each; default: free ones). `hosts`: every
+        endpoint on one port at its own loopback address, as pods behind one Service."""
+        if ports and len(ports) != endpoints:
+            raise ValueError(f"{len(ports)} ports for {endpoints} endpoints")
         self.args = [f"--endpoints={endpoints}", f"--median-s={median_s}", f"--sigma={sigma}"]
-        self.args += [f"--tokens={tokens}"] + (["--hang"] if hang else [])
+        self.args += [f"--tokens={tokens}", f"--max-num-seqs={max_num_seqs}"] + (["--hang"] if hang else [])
         if trainer_step_s is not None:
             self.args.append(f"--trainer-step-s={trainer_step_s}")
+        if ports:
+            self.args.append(f"--ports={','.join(map(str, ports))}")
+        if hosts:
+            self.args.append("--hosts")
         self.proc: subprocess.Popen | None = None
         self.addresses: list[str] = []
         self.trainer = ""
+        # once exited: the most Generate calls in flight at once over all the endpoints
+        # (one endpoint: on that replica), and the calls they answered
+        self.peak_in_flight = self.calls = 0
 
     def __enter__(self) -> LoadEndpoints:
         self.proc = subprocess.Popen(
@@ -177,6 +233,12 @@ class LoadEndpoints:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                return
+            assert self.proc.stdout is not None
+            lines = self.proc.stdout.read().splitlines()
+            if lines:
+                counts = json.loads(lines[-1])
+                self.peak_in_flight, self.calls = counts["peak_in_flight"], counts["calls"]
 
 
 def main() -> None:
@@ -188,8 +250,27 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hang", action="store_true", help="endpoints whose engine stopped")
     parser.add_argument("--trainer-step-s", type=float, default=None, help="also a trainer endpoint")
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="the capacity GetStatus reports")
+    parser.add_argument(
+        "--ports", default="", help="comma-separated ports, one per endpoint (default: free ones)"
+    )
+    parser.add_argument("--hosts", action="store_true", help="one port, a loopback address each")
     a = parser.parse_args()
-    asyncio.run(_serve(a.endpoints, a.median_s, a.sigma, a.tokens, a.seed, a.hang, a.trainer_step_s))
+    ports = [int(p) for p in a.ports.split(",") if p]
+    asyncio.run(
+        _serve(
+            a.endpoints,
+            a.median_s,
+            a.sigma,
+            a.tokens,
+            a.seed,
+            a.hang,
+            a.trainer_step_s,
+            a.max_num_seqs,
+            ports,
+            a.hosts,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from specrl.queue.streams import RunStreams
 from specrl.trainer.api import TrainerClient
 
 
-class _Prompts:
+class MadeUpPrompts:
     """Made-up prompts (the load endpoints do not read them), in place of a dataset."""
 
     def __init__(self) -> None:
@@ -96,7 +96,7 @@ def _one(
             streams=streams,
             trainer=trainer,
             replicas=list(fleet.addresses),
-            source=_Prompts(),  # type: ignore[arg-type]
+            source=MadeUpPrompts(),  # type: ignore[arg-type]
             reward_fn=math_reward,
             metrics=OrchestratorMetrics(CollectorRegistry()),
         )

@@ -332,12 +332,32 @@ class OrchestratorMetrics:
         )
         self.generation_in_flight = Gauge(
             "specrl_generation_in_flight",
-            "Generate calls (prompt groups) in flight per rollout replica",
+            "Generate calls (prompt groups) in flight per rollout replica; the sequences in flight "
+            "on it are sampling.n times this (fewer as a group's samples finish)",
             ["replica"],
             registry=r,
         )
         self.generation_slots = Gauge(
-            "specrl_generation_slots", "Generate calls a replica may have in flight", ["replica"], registry=r
+            "specrl_generation_slots",
+            "Generate calls a replica may have in flight: orchestrator.concurrency, or "
+            "ceil(1.25 x the max_num_seqs its engine reports / sampling.n)",
+            ["replica"],
+            registry=r,
+        )
+        self.replica_tokens_per_second = Gauge(
+            "specrl_rollout_replica_tokens_per_second",
+            "Tokens a rollout replica's engine generated per second, over every request it "
+            "served, between the orchestrator's last two reads of its status (its load)",
+            ["replica"],
+            registry=r,
+        )
+        self.generation_queue_wait = Histogram(
+            "specrl_generation_queue_wait_seconds",
+            "Time a prompt group waited from its admission to the prompt queue (or its re-queue "
+            "after a failed call) until its Generate call started, by the replica that took it",
+            ["replica"],
+            buckets=(*_LATENCY_BUCKETS, 600, 1800),
+            registry=r,
         )
         self.generation_demand = Gauge(
             "specrl_generation_demand_sequences",
@@ -349,6 +369,22 @@ class OrchestratorMetrics:
         self.replicas = Gauge(
             "specrl_rollout_replicas",
             "Rollout replicas the loop generates on (elastic with rollout.discover)",
+            registry=r,
+        )
+        self.target_replicas = Gauge(
+            "specrl_rollout_target_replicas",
+            "Rollout replicas the orchestrator's autoscaler asked for last (rollout.autoscale)",
+            registry=r,
+        )
+        self.autoscale_decisions = Counter(
+            "specrl_rollout_autoscale_decisions",
+            "Scale changes the orchestrator's autoscaler made, by direction (up, down)",
+            ["direction"],
+            registry=r,
+        )
+        self.predicted_exposed_share = Gauge(
+            "specrl_rollout_autoscale_predicted_exposed_share",
+            "Exposed generation share the autoscaler predicts at the replicas it asked for",
             registry=r,
         )
         self.reward = Gauge("specrl_step_reward_mean", "Mean reward of the last step's samples", registry=r)

@@ -1,15 +1,22 @@
 """Generation: turns admitted prompt groups into rewarded rollout groups, on one asyncio
 event loop in one thread, however many replicas and calls in flight there are.
 
-Each replica has one gRPC channel (grpc.aio) and at most `concurrency` Generate calls in
-flight (one prompt group each). A dispatcher takes prompts from the queue only for free
-slots, in batches, and gives each to the replica with the most free slots, so faster
-replicas take more work and none holds more than its slots. Redis and the reward function
+Each replica has one gRPC channel (grpc.aio) and at most its slots of Generate calls in
+flight (one prompt group of n samples each): `concurrency` when given, else sized from
+the capacity the replica reports (`slots_for`: its engine's max_num_seqs and n). A
+dispatcher takes prompts from the queue only for free slots, in batches, and gives each to
+the replica with the most free slots, so faster replicas take more work and none holds
+more than its slots. Redis and the reward function
 run on a small thread pool (`workers`): the orchestrator's threads and Redis connections
 stay bounded whatever replicas x concurrency is (48 replicas x 512 slots was 24,576
 threads, each polling Redis, when every slot had its own). Replicas can join (`add`,
 paused until they hold the current policy) and leave (`remove`: their calls in flight
 finish, then the channel closes) while the run goes on.
+
+The watchdog reads every replica's status each pass (concurrently, one small GetStatus
+each): its progress, its load (specrl_rollout_replica_tokens_per_second) and its capacity
+(slots). Each call's wait in the queue is observed when it starts
+(specrl_generation_queue_wait_seconds, by the replica that took it).
 
 Failures never lose a prompt and never spin on it forever:
   - a replica that is down or not ready (UNAVAILABLE, ...) gets the prompt given back to
@@ -36,6 +43,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +67,13 @@ CONSUMER = "generation"  # this orchestrator's name in the prompt stream's consu
 FETCH_MAX = 256  # prompts taken from the queue per read, at most
 DEMAND_EVERY_S = 1.0  # how often the demand gauge (autoscaling's input) is read from Redis
 WATCH_EVERY_S = 10.0  # the progress watchdog's period, at most (and the entries' touch)
+# A replica's slots while its capacity is unknown (its status not read yet, unanswered, or
+# not reporting max_num_seqs), with no orchestrator.concurrency.
+FALLBACK_SLOTS = 16
+# Slots per replica relative to the groups its engine batches at once (see `slots_for`).
+SLOT_MARGIN = 1.25
+RATE_MIN_S = 1.0  # the shortest time between two status reads a tokens/s is measured over
+CLOCK_EVERY_S = 30.0  # how often the offset of Redis's clock from ours is measured
 _FINISH = {
     rpb.FINISH_REASON_STOP: "stop",
     rpb.FINISH_REASON_LENGTH: "length",
@@ -82,6 +97,33 @@ _COUNTED = {
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.DATA_LOSS,
 }
+
+
+def slots_for(max_num_seqs: int, n: int) -> int:
+    """Generate calls (groups of `n` samples) to keep in flight on a replica whose engine
+    batches `max_num_seqs` sequences at once: ceil(1.25 x max_num_seqs / n), at least 1.
+    ceil(max_num_seqs / n) alone fills the batch only at the start: a group holds its slot
+    until its last (longest) sample ends while its finished samples leave the batch, and
+    a new call takes a round trip and a prefill before it decodes. A quarter more groups
+    wait in the engine's own queue and refill the batch as sequences finish; not more, so
+    that few groups sit queued inside one replica while another is free (their policy
+    version aging). 0 (capacity unknown): FALLBACK_SLOTS."""
+    if max_num_seqs <= 0:
+        return FALLBACK_SLOTS
+    return max(1, math.ceil(SLOT_MARGIN * max_num_seqs / max(1, n)))
+
+
+def queue_wait_s(entry_id: str, now: float) -> float | None:
+    """Seconds from a prompt's admission to the queue until `now` (time.time(), on Redis's
+    clock): a stream entry's id is "<ms>-<seq>", <ms> the Redis server's clock in
+    milliseconds since the epoch at the XADD that admitted it, so the queue needs no
+    timestamp of its own. A group given back after a failed call is added again under a
+    new id: its wait counts from the re-queue. None for an id of another form."""
+    try:
+        ms = int(entry_id.split("-", 1)[0])
+    except ValueError:
+        return None
+    return max(0.0, now - ms / 1000.0)
 
 
 def request_seed(run_seed: int, group_id: str) -> int:
@@ -132,7 +174,7 @@ class Generators:
         streams: RunStreams,
         replicas: list[str],
         *,
-        concurrency: int,
+        concurrency: int | None,
         sampling: SamplingConfig,
         reward_fn: RewardFn,
         seed: int,
@@ -146,6 +188,7 @@ class Generators:
     ) -> None:
         self.streams = streams
         self.replicas = replicas
+        # slots per replica; None: each replica's from its capacity (`slots_for`)
         self.concurrency = concurrency
         self.sampling = sampling
         self.stop_token_ids = stop_token_ids  # the data's (PromptSource.stop_token_ids)
@@ -178,6 +221,11 @@ class Generators:
         self._wake: asyncio.Event | None = None
         self._clients: dict[str, AsyncRolloutClient] = {}
         self._in_flight: dict[str, int] = {}
+        self._slots: dict[str, int] = {}  # per replica: the calls it may have in flight
+        self._reading: set[str] = set()  # replicas whose capacity is being read at join
+        # per replica: tokens_generated at a status read, and when (monotonic): its tokens/s
+        self._rate: dict[str, tuple[int, float]] = {}
+        self._redis_offset = 0.0  # Redis's clock minus ours (time.time()), seconds
         self._calls: dict[str, dict[asyncio.Task, Delivery]] = {}  # per replica, in flight
         # per replica: its engine's tokens_generated when last seen to change, and when
         # (or when it got work, if later); replicas stalled, and since when
@@ -244,6 +292,10 @@ class Generators:
         """Total time so far with no Generate call in flight on any replica."""
         return self._idle.seconds(IdleClock.ANY)
 
+    def slots(self) -> dict[str, int]:
+        """Per replica of the generators now: the Generate calls it may have in flight."""
+        return dict(self._slots)
+
     def replica_idle_seconds(self) -> dict[str, float]:
         """Per replica of the run now: total time so far with no call in flight on it
         (one idle replica among many is invisible in `idle_seconds`)."""
@@ -266,6 +318,9 @@ class Generators:
                 self._join(replica)
         except Exception as e:  # e.g. unreadable TLS files: `start` raises it
             self._failed_start = e
+            for task in list(self._tasks):  # the status reads of replicas joined before
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
             loop.close()
             return
         finally:
@@ -278,15 +333,58 @@ class Generators:
 
     def _join(self, replica: str) -> None:
         self._idle.watch(replica)
-        if self.metrics:
-            self.metrics.generation_slots.labels(replica=replica).set(self.concurrency)
-            self.metrics.generation_in_flight.labels(replica=replica)  # 0 until a call
         self._leaving.discard(replica)
         if replica not in self._clients:
             self._clients[replica] = AsyncRolloutClient(replica, timeout=self.timeout_s)
             self._in_flight[replica] = 0
             self._calls[replica] = {}
+            self._slots[replica] = self.concurrency or FALLBACK_SLOTS
+            if self.concurrency is None:
+                self._reading.add(replica)  # no work until its capacity is read (or unreadable)
+            self._spawn(self._read_status(replica))
+        if self.metrics:
+            self.metrics.generation_slots.labels(replica=replica).set(self._slots[replica])
+            self.metrics.generation_in_flight.labels(replica=replica)  # 0 until a call
+            self.metrics.generation_queue_wait.labels(replica=replica)  # empty until a call
         self._notify()
+
+    async def _read_status(self, replica: str) -> None:
+        """A joining replica's capacity (its slots) and tokens so far; a replica that does
+        not answer yet keeps FALLBACK_SLOTS until a watchdog pass reads it."""
+        try:
+            status = await self._status(replica)
+            if status is not None and replica in self._clients:
+                self._observe(replica, status, time.monotonic())
+            elif status is None and self.concurrency is None:
+                log.info("%s: status unanswered; %d slots until it answers", replica, FALLBACK_SLOTS)
+        finally:
+            self._reading.discard(replica)
+            self._notify()
+
+    def _observe(self, replica: str, status: rpb.RolloutStatus, now: float) -> None:
+        """A replica's status read: its slots from its capacity, and its tokens/s since
+        the last read at least RATE_MIN_S ago (none over an engine restart: the count
+        starts again; an unanswered read keeps the last one, so the next spans the gap)."""
+        if self.concurrency is None:
+            slots = slots_for(status.max_num_seqs, self.sampling.n)
+            if slots != self._slots.get(replica):
+                log.info(
+                    "%s: %d slots (engine max_num_seqs %d, n %d)",
+                    replica, slots, status.max_num_seqs, self.sampling.n,
+                )  # fmt: skip
+                self._slots[replica] = slots
+                if self.metrics:
+                    self.metrics.generation_slots.labels(replica=replica).set(slots)
+                self._notify()
+        tokens = status.tokens_generated
+        last = self._rate.get(replica)
+        if last is None or tokens < last[0]:
+            self._rate[replica] = (tokens, now)
+        elif now - last[1] >= RATE_MIN_S:
+            self._rate[replica] = (tokens, now)
+            if self.metrics:
+                rate = (tokens - last[0]) / (now - last[1])
+                self.metrics.replica_tokens_per_second.labels(replica=replica).set(rate)
 
     def _leave(self, replica: str) -> None:
         if replica in self._clients:
@@ -296,12 +394,16 @@ class Generators:
     def _close_if_done(self, replica: str) -> None:
         if replica in self._leaving and self._in_flight.get(replica) == 0:
             self._leaving.discard(replica)
-            del self._in_flight[replica], self._calls[replica]
+            del self._in_flight[replica], self._calls[replica], self._slots[replica]
+            self._reading.discard(replica)
+            self._rate.pop(replica, None)
             self._progress.pop(replica, None)
             self._stalled.pop(replica, None)
             if self.metrics:
                 self.metrics.generation_slots.remove(replica)
                 self.metrics.generation_in_flight.remove(replica)
+                self.metrics.generation_queue_wait.remove(replica)
+                self.metrics.replica_tokens_per_second.remove(replica)
             client = self._clients.pop(replica)
             self._spawn(client.close())
 
@@ -315,7 +417,9 @@ class Generators:
         self._notify()
 
     def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
+        """A task on the generators' loop (which may not run yet: the replicas at start)."""
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -327,9 +431,10 @@ class Generators:
     def _free(self) -> dict[str, int]:
         """Free slots of the replicas that may take work now."""
         return {
-            r: self.concurrency - n
+            r: self._slots[r] - n
             for r, n in self._in_flight.items()
-            if n < self.concurrency
+            if n < self._slots[r]
+            and r not in self._reading
             and r not in self._leaving
             and r not in self._paused
             and r not in self._stalled
@@ -383,8 +488,16 @@ class Generators:
 
     async def _publish_demand(self) -> None:
         """Sequences wanted now: n x the prompt groups in the queue (taken or not: a
-        finished group's entry is deleted), for autoscaling on demand vs capacity."""
+        finished group's entry is deleted), for autoscaling on demand vs capacity. Also
+        measures Redis's clock against ours now and then (queue waits: `queue_wait_s`)."""
+        clock_at = -math.inf
         while not self._stop.is_set():
+            if time.monotonic() - clock_at >= CLOCK_EVERY_S:
+                try:
+                    self._redis_offset = await self._blocking(self._measure_redis_offset)
+                    clock_at = time.monotonic()
+                except Exception:  # Redis away: the offset measured last stays
+                    pass
             try:
                 groups = (await self._blocking(self.streams.depths))["prompts"]
                 if self.metrics:
@@ -392,6 +505,19 @@ class Generators:
             except Exception:  # Redis away: the dispatcher says so
                 pass
             await asyncio.sleep(DEMAND_EVERY_S)
+
+    def _measure_redis_offset(self) -> float:
+        """Redis's clock (TIME) minus ours, from the fastest of three reads (to within half
+        its round trip); 0 when within that (the clocks agree as far as can be told, as
+        the same host's always do: a loaded machine's slow round trips add no error)."""
+        rtt, offset = math.inf, 0.0
+        for _ in range(3):
+            t0 = time.time()
+            seconds, micros = self.streams.r.time()
+            t1 = time.time()
+            if t1 - t0 < rtt:
+                rtt, offset = t1 - t0, seconds + micros / 1e6 - (t0 + t1) / 2
+        return 0.0 if abs(offset) <= rtt / 2 + 1e-6 else offset  # 1e-6: TIME's resolution
 
     async def _run(self, replica: str, delivery: Delivery) -> None:
         """One prompt group on one replica's slot; the slot is freed after any back-off."""
@@ -415,7 +541,8 @@ class Generators:
         unchanged, or its status unanswered) is stalled: its calls are cancelled (the
         groups go back uncounted, to other replicas) and it gets no work until its engine
         progresses again, or `stall_s` later. Also marks the prompt entries of the calls
-        in flight alive, so that no live call is reclaimed as abandoned."""
+        in flight alive, so that no live call is reclaimed as abandoned. Reads every
+        replica's status, idle or not, at once: its load and capacity too (`_observe`)."""
         every = min(WATCH_EVERY_S, self.stall_s / 4)
         while not self._stop.is_set():
             await asyncio.sleep(every)
@@ -424,10 +551,21 @@ class Generators:
                 await self._blocking(self.streams.touch, CONSUMER, entries)
             except Exception as e:
                 log.warning("could not mark %d generations in flight alive: %s", len(entries), e)
-            watched = [r for r in self._clients if self._in_flight[r] or r in self._stalled]
-            seen = await asyncio.gather(*(self._tokens(r) for r in watched))
+            polled = list(self._clients)
+            # a channel closed meanwhile (its replica left) cancels its read: not this pass
+            seen = await asyncio.gather(*(self._status(r) for r in polled), return_exceptions=True)
             now = time.monotonic()
-            for replica, tokens in zip(watched, seen):
+            for replica, status in zip(polled, seen):
+                if replica not in self._clients:  # left meanwhile: its labels are gone
+                    continue
+                tokens = None
+                if isinstance(status, rpb.RolloutStatus):
+                    self._observe(replica, status, now)
+                    tokens = status.tokens_generated
+                if not (self._in_flight[replica] or replica in self._stalled):
+                    if tokens is not None:  # idle: progress is awaited from its next call
+                        self._progress[replica] = (tokens, now)
+                    continue
                 last, since = self._progress.get(replica, (None, now))
                 if tokens is not None and tokens != last:
                     self._progress[replica] = (tokens, now)
@@ -441,11 +579,12 @@ class Generators:
                 elif self._in_flight[replica] and now - since > self.stall_s:
                     self._stall(replica, now - since)
 
-    async def _tokens(self, replica: str) -> int | None:
-        """The replica engine's tokens_generated; None when it does not answer."""
+    async def _status(self, replica: str) -> rpb.RolloutStatus | None:
+        """The replica's status (its engine's tokens_generated, capacity); None when it
+        does not answer."""
         client = self._clients.get(replica)
         try:
-            return (await client.status(timeout=min(10.0, self.stall_s))).tokens_generated if client else None
+            return await client.status(timeout=min(10.0, self.stall_s)) if client else None
         except grpc.aio.AioRpcError:
             return None
 
@@ -495,6 +634,9 @@ class Generators:
         s = self.sampling
         started = time.time()
         t0 = time.perf_counter()
+        wait = queue_wait_s(delivery.entry_id, started + self._redis_offset)
+        if self.metrics and wait is not None:
+            self.metrics.generation_queue_wait.labels(replica=replica).observe(wait)
         try:
             resp = await self._clients[replica].generate(
                 [group.prompt_ids],

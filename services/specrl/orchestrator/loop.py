@@ -53,6 +53,7 @@ from specrl.data.rewards import RewardFn
 from specrl.data.sources import PromptSource
 from specrl.draft.api import DraftTrainerClient
 from specrl.metrics import STAGES, OrchestratorMetrics
+from specrl.orchestrator.autoscale import Autoscaler
 from specrl.orchestrator.discovery import DiscoveryError
 from specrl.orchestrator.generation import Generators
 from specrl.queue.streams import Delivery, PromptGroup, RolloutGroup, RunStreams
@@ -103,6 +104,7 @@ class Orchestrator:
         control: RunControl | None = None,
         discover: Callable[[], list[str]] | None = None,
         discover_every_s: float = 10.0,
+        autoscaler: Autoscaler | None = None,
         rewind: bool = False,
     ) -> None:
         """`rewind` (a resumed run): before anything is generated, every replica gets
@@ -114,7 +116,8 @@ class Orchestrator:
         checkpoints, at step boundaries. `discover` (rollout.discover) tells where the
         replicas are now: the loop looks again at each step and while waiting (at most
         every `discover_every_s`), and `replicas` (one list, shared with the generators)
-        follows."""
+        follows. `autoscaler` (rollout.autoscale) sees every step and scales the rollout
+        workload toward a target exposed-generation share."""
         self.cfg = cfg
         self.sampling = sampling
         self.prompts_per_step = prompts_per_step
@@ -132,6 +135,7 @@ class Orchestrator:
         self.draft = draft
         self.control = control
         self.discover = discover
+        self.autoscaler = autoscaler
         self._discovered_at = 0.0
         self._pushed_at = 0.0
         self._draft_push = None  # the draft-trainer's answer to the last push
@@ -186,6 +190,7 @@ class Orchestrator:
         self._counts.clear()
         idle_rollout0 = self.generators.idle_seconds()
         idle_replicas0 = self.generators.replica_idle_seconds()
+        replicas0 = len(self.replicas)
         t0 = time.perf_counter()
         self._checkpoint(force=self._checkpoint_requested())  # the version the last step made
         tc = time.perf_counter()
@@ -229,6 +234,8 @@ class Orchestrator:
         }
         idle_replicas = self.generators.replica_idle_seconds()
         record["replica_idle"] = {r: s - idle_replicas0.get(r, 0.0) for r, s in idle_replicas.items()}
+        if self.autoscaler is not None:
+            record["autoscale"] = self.autoscaler.on_step(record, replicas0, len(self.replicas))
         self._observe(record)
         if self.log_path is not None:
             with open(self.log_path, "a") as f:

@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import grpc
@@ -25,8 +24,8 @@ from specrl.data.rewards import load_reward
 from specrl.data.sources import DataError, PromptSource
 from specrl.draft.api import DraftTrainerClient
 from specrl.metrics import OrchestratorMetrics
+from specrl.orchestrator.autoscale import Autoscaler
 from specrl.orchestrator.compare import comparison, describe
-from specrl.orchestrator.discovery import discover
 from specrl.orchestrator.loop import GenerationStalled, Orchestrator, TrainerLost
 from specrl.orchestrator.report import SideBySide, write_report
 from specrl.orchestrator.status import StatusPage
@@ -273,6 +272,12 @@ def _loop(
     )
     steps = cfg.orchestrator.steps
     draft = DraftTrainerClient(system.draft_address) if system.draft_address else None
+    autoscaler = None
+    if cfg.rollout.autoscale.enabled:
+        from specrl.orchestrator.kube import WorkloadScale
+
+        scale = cfg.rollout.autoscale
+        autoscaler = Autoscaler(scale, WorkloadScale(scale.workload, scale.namespace), registry)
     with (
         TrainerClient(system.trainer_address) as trainer,
         Progress(
@@ -309,8 +314,9 @@ def _loop(
             check_alive=system.check_alive,
             draft=draft,
             control=page.control if page is not None else None,
-            discover=partial(discover, cfg.rollout.discover) if cfg.rollout.discover else None,
-            discover_every_s=cfg.rollout.discover_every_s,
+            discover=system.discovery,
+            discover_every_s=system.discovery.every_s if system.discovery else cfg.rollout.discover_every_s,
+            autoscaler=autoscaler,
             rewind=resume,
         )
         if page is not None:

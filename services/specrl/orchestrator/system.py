@@ -14,7 +14,7 @@ from pathlib import Path
 from specrl import serving
 from specrl.config import RunConfig
 from specrl.launcher import ServerDied, ServiceProcess, free_port, start_all
-from specrl.orchestrator.discovery import DiscoveryError, discover
+from specrl.orchestrator.discovery import Discovery, DiscoveryError, open_discovery
 from specrl.queue.redis_server import RedisServer
 
 log = logging.getLogger("specrl.system")
@@ -54,6 +54,7 @@ class System:
         self.rollout: list[ServiceProcess] = []
         self.trainer: list[ServiceProcess] = []
         self.draft_trainer: ServiceProcess | None = None
+        self.discovery: Discovery | None = None  # rollout.discover, once started
         self.redis_url = cfg.redis.url or ""
         self.replicas: list[str] = list(cfg.rollout.addresses)
         self.trainer_address = cfg.trainer.address or ""
@@ -78,7 +79,8 @@ class System:
         for address in cfg.rollout.addresses:
             check_reachable(address, "rollout server", wait_s)
         if cfg.rollout.discover:
-            self.replicas += self._first_replicas(cfg.rollout.discover, cfg.rollout.discover_timeout_s)
+            self.discovery = open_discovery(cfg.rollout.discover, cfg.rollout.discover_every_s)
+            self.replicas += self._first_replicas(self.discovery, cfg.rollout.discover_timeout_s)
         if cfg.trainer.address:
             check_reachable(cfg.trainer.address, "trainer", wait_s)
         if cfg.draft_trainer.enabled and cfg.draft_trainer.address:
@@ -118,13 +120,14 @@ class System:
             self._start_draft_trainer()
 
     @staticmethod
-    def _first_replicas(spec: str, timeout_s: float) -> list[str]:
+    def _first_replicas(discover: Discovery, timeout_s: float) -> list[str]:
         """The discovered replicas that serve, once there is at least one; the others
         join the running loop when they do (the orchestrator looks again)."""
+        spec = discover.spec
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                found = discover(spec)
+                found = discover()
             except DiscoveryError as e:
                 found, why = [], str(e)
             else:
@@ -195,6 +198,8 @@ class System:
             raise ServiceDied(f"the trainer at {self.trainer_address} is unreachable ({status})")
 
     def stop(self) -> None:
+        if self.discovery is not None:
+            self.discovery.close()
         for p in filter(None, [self.draft_trainer, *self.trainer, *self.rollout]):
             p.stop()
         if self.redis is not None:

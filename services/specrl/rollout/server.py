@@ -129,6 +129,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             weight_sync=self._weight_state(),
             speculation=self._speculation_state(),
             tokens_generated=svc.engine.tokens_generated,
+            max_num_seqs=svc.cfg.engine.max_num_seqs,
         )
 
     def _speculation_state(self) -> pb.SpeculationState:

@@ -11,7 +11,6 @@ across nodes."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,8 +96,7 @@ class Plan:
             f'      "n": {work.group_size}\n'
             f"      max_tokens: {work.max_response_tokens}\n"
             "    orchestrator:\n"
-            f"      max_lag: {self.lag}\n"
-            f"      concurrency: {math.ceil(layout.max_num_seqs / work.group_size)}  # groups per replica\n"
+            f"      max_lag: {self.lag}  # slots per replica: from its max_num_seqs and n\n"
         )
 
     def as_dict(self) -> dict:

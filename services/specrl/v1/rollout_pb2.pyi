@@ -152,7 +152,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("engine", "engine_version", "model", "speculation_method", "num_speculative_tokens", "draft_model", "policy_version", "draft_version", "self_test_passed", "self_test_p_value", "self_test_detail", "requests_in_flight", "max_model_len", "vocab_size", "engine_patches", "weight_sync_workers", "weight_sync", "speculation", "tokens_generated")
+    __slots__ = ("engine", "engine_version", "model", "speculation_method", "num_speculative_tokens", "draft_model", "policy_version", "draft_version", "self_test_passed", "self_test_p_value", "self_test_detail", "requests_in_flight", "max_model_len", "vocab_size", "engine_patches", "weight_sync_workers", "weight_sync", "speculation", "tokens_generated", "max_num_seqs")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class RolloutStatus(_message.Message):
     WEIGHT_SYNC_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     engine: str
     engine_version: str
     model: str
@@ -191,7 +192,8 @@ class RolloutStatus(_message.Message):
     weight_sync: WeightSyncState
     speculation: SpeculationState
     tokens_generated: int
-    def __init__(self, engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., draft_model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., self_test_passed: _Optional[bool] = ..., self_test_p_value: _Optional[float] = ..., self_test_detail: _Optional[str] = ..., requests_in_flight: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., engine_patches: _Optional[_Iterable[str]] = ..., weight_sync_workers: _Optional[int] = ..., weight_sync: _Optional[_Union[WeightSyncState, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationState, _Mapping]] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
+    max_num_seqs: int
+    def __init__(self, engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., draft_model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., self_test_passed: _Optional[bool] = ..., self_test_p_value: _Optional[float] = ..., self_test_detail: _Optional[str] = ..., requests_in_flight: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., engine_patches: _Optional[_Iterable[str]] = ..., weight_sync_workers: _Optional[int] = ..., weight_sync: _Optional[_Union[WeightSyncState, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
 
 class JoinWeightGroupRequest(_message.Message):
     __slots__ = ("kind", "epoch", "store_host", "store_port", "rank_offset", "world_size", "backend", "timeout_s")

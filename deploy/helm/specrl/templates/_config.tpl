@@ -75,7 +75,24 @@ template carries the checksum of its own file only (specrl.configChecksum). */}}
 {{- end }}
 {{- $_ := set $run "redis" $redis }}
 {{- /* the rollout pods, found again while the run goes on: they scale under it */}}
-{{- $_ := set $run "rollout" (dict "replicas" 0 "discover" (include "specrl.rolloutDiscover" .)) }}
+{{- $fleet := dict "replicas" 0 "discover" (include "specrl.rolloutDiscover" .) }}
+{{- with .Values.rollout.orchestratorScaling }}
+{{- if .enabled }}
+{{- /* the orchestrator scales them itself, through the workload's scale subresource */}}
+{{- $w := fromJson (include "specrl.rolloutWorkload" $) }}
+{{- $_ := set $fleet "autoscale" (dict
+  "enabled" true
+  "workload" (printf "%s/%s-rollout" $w.resource (include "specrl.fullname" $))
+  "namespace" $.Release.Namespace
+  "min_replicas" (int .minReplicas)
+  "max_replicas" (int .maxReplicas)
+  "target_exposed_share" (float64 .targetExposedShare)
+  "tolerance" (float64 .tolerance)
+  "window_steps" (int .windowSteps)
+  "max_factor" (float64 .maxFactor)) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $run "rollout" $fleet }}
 {{- $_ := set $run "trainer" (dict "address" (printf "%s:%d" (include "specrl.svc" (dict "root" . "component" "trainer")) (int .Values.trainer.port))) }}
 {{- if .Values.draftTrainer.enabled }}
 {{- $_ := set $run "draft_trainer" (dict "enabled" true "address" (printf "%s:%d" (include "specrl.svc" (dict "root" . "component" "draft-trainer")) (int .Values.draftTrainer.port))) }}

@@ -75,10 +75,74 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- printf "%s-%s-%d.%s-%s-headless.%s.svc" $full .component (int .index) $full .component .root.Release.Namespace }}
 {{- end }}
 
-{{/* Every rollout pod, through the headless Service's DNS name (rollout.discover). */}}
-{{- define "specrl.rolloutDiscover" -}}
+{{/* Every rollout pod, through the headless Service's DNS name (`helm test`'s `specrl
+health`, and the orchestrator's rollout.discover with orchestrator.discovery dns). */}}
+{{- define "specrl.rolloutDns" -}}
 {{- $full := include "specrl.fullname" . }}
 {{- printf "dns:%s-rollout-headless.%s.svc:%d" $full .Release.Namespace (int .Values.rollout.port) }}
+{{- end }}
+
+{{/* How the orchestrator finds every rollout pod as they come and go (run.yaml's
+rollout.discover): the EndpointSlices of the headless Service, watched through the
+Kubernetes API (orchestrator.discovery endpointslices), or its DNS name (dns). */}}
+{{- define "specrl.rolloutDiscover" -}}
+{{- $how := .Values.orchestrator.discovery }}
+{{- if eq $how "dns" }}
+{{- include "specrl.rolloutDns" . }}
+{{- else if eq $how "endpointslices" }}
+{{- printf "k8s:%s/%s-rollout-headless:%d" .Release.Namespace (include "specrl.fullname" .) (int .Values.rollout.port) }}
+{{- else }}
+{{- fail (printf "orchestrator.discovery must be endpointslices or dns, not %q" $how) }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the orchestrator's own container calls the Kubernetes API (EndpointSlice
+discovery, rollout.orchestratorScaling): it then mounts the ServiceAccount token. (The
+release step, orchestrator.releaseOnCompletion, is another container of the pod.) */}}
+{{- define "specrl.orchestratorUsesApi" -}}
+{{- if or (eq .Values.orchestrator.discovery "endpointslices") .Values.rollout.orchestratorScaling.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The rollout workload's API, as JSON: a StatefulSet, or a LeaderWorkerSet when a
+replica spans pods (specrl.rolloutNodes > 1). `resource` is the plural its scale
+subresource is under (<resource>/scale). */}}
+{{- define "specrl.rolloutWorkload" -}}
+{{- if gt (int (include "specrl.rolloutNodes" .)) 1 }}
+{{- toJson (dict "group" "leaderworkerset.x-k8s.io" "version" "v1" "resource" "leaderworkersets" "kind" "LeaderWorkerSet") }}
+{{- else }}
+{{- toJson (dict "group" "apps" "version" "v1" "resource" "statefulsets" "kind" "StatefulSet") }}
+{{- end }}
+{{- end }}
+
+{{/* The rollout workload's `replicas`; empty (the field left out) when an HPA or KEDA owns
+the count. With rollout.orchestratorScaling the orchestrator owns it while the run goes
+on, so a `helm upgrade` must not reset it: the count is the live object's (helm's
+`lookup`; it finds nothing at install and under `helm template`, and then
+rollout.replicas is used), clamped into [minReplicas, maxReplicas] (a finished run's
+release step leaves it at 0, which a new run could not start from). */}}
+{{- define "specrl.rolloutReplicas" -}}
+{{- $r := .Values.rollout }}
+{{- if $r.orchestratorScaling.enabled }}
+{{- $s := $r.orchestratorScaling }}
+{{- $w := fromJson (include "specrl.rolloutWorkload" .) }}
+{{- $live := lookup (printf "%s/%s" $w.group $w.version) $w.kind .Release.Namespace (printf "%s-rollout" (include "specrl.fullname" .)) }}
+{{- $n := int $r.replicas }}
+{{- if $live }}{{ $n = int (dig "spec" "replicas" $n $live) }}{{ end }}
+{{- max (int $s.minReplicas) (min (int $s.maxReplicas) $n) }}
+{{- else if not (or $r.autoscaling.enabled $r.keda.enabled) }}
+{{- $r.replicas }}
+{{- end }}
+{{- end }}
+
+{{/* The sequences one rollout replica batches: the per-replica target of the demand
+scalers (KEDA's demand trigger, the HPA's External metric). */}}
+{{- define "specrl.rolloutCapacity" -}}
+{{- $r := .Values.rollout }}
+{{- $capacity := int $r.keda.sequencesPerReplica }}
+{{- if not $capacity }}
+{{- $capacity = int (required "rollout.keda / rollout.autoscaling scale on demand per replica: set rollout.keda.sequencesPerReplica or rollout.config.engine.max_num_seqs" (dig "engine" "max_num_seqs" nil $r.config)) }}
+{{- end }}
+{{- $capacity }}
 {{- end }}
 
 {{/* The Secret with a component's TLS certificate, "" when mutual TLS is off:

@@ -1,8 +1,12 @@
 {{/* The orchestrator Job's spec (orchestrator.yaml): (dict "root" $ "ctx" ... "checksum"
-... "account" ... "targets" ... "tokenSecret" ...) */}}
+... "account" ... "targets" ... "tokenSecret" ...). The ServiceAccount token (a projected
+volume; the pod mounts none by itself) goes to the containers that call the Kubernetes
+API only: the orchestrator's with EndpointSlice discovery or orchestratorScaling
+(specrl.orchestratorUsesApi), the release step's with releaseOnCompletion. */}}
 {{- define "specrl.orchestratorJobSpec" -}}
 {{- $root := .root }}
 {{- $o := $root.Values.orchestrator -}}
+{{- $api := include "specrl.orchestratorUsesApi" $root -}}
 # A failed attempt is retried with --continue: it resumes the run from its last
 # checkpoint (exit 75: a service failed, the state is kept). Exit 1 or 2 (bad config
 # or input, a run that cannot be resumed) fails the Job at once; a node drain or
@@ -42,6 +46,11 @@ template:
           {{- toYaml $o.resources | nindent 10 }}
         volumeMounts:
           {{- include "specrl.volumeMounts" (dict "root" $root "runs" true) | nindent 10 }}
+          {{- if $api }}
+          - name: kube-api-access  # EndpointSlice discovery, orchestratorScaling
+            mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+            readOnly: true
+          {{- end }}
       {{- if $o.releaseOnCompletion }}
       - name: release
         {{- $env := list (dict "name" "SPECRL_RELEASE_TARGETS" "value" (toJson .targets)) }}
@@ -68,7 +77,9 @@ template:
       - name: release
         configMap:
           name: {{ include "specrl.fullname" $root }}-release
-      - name: kube-api-access  # the release container's only: the pod mounts no token
+      {{- end }}
+      {{- if or $o.releaseOnCompletion $api }}
+      - name: kube-api-access  # only the containers that call the API mount it: the pod mounts no token
         projected:
           sources:
             - serviceAccountToken:
@@ -85,6 +96,40 @@ template:
                     fieldRef:
                       fieldPath: metadata.namespace
       {{- end }}
+{{- end }}
+
+{{/* The rules of the orchestrator pod's Role (<release>-orchestrator), as JSON: exactly
+what its containers call, each verb on named objects where the API allows. The release
+step (orchestrator.releaseOnCompletion): `get` on pods (its own pod's container status; a
+pod's name is not known before it exists) and `patch` on each workload it releases, by
+name. EndpointSlice discovery (orchestrator.discovery endpointslices): `list` and `watch`
+on endpointslices (a label selector, kubernetes.io/service-name, picks the rollout's:
+RBAC cannot restrict list and watch by label). rollout.orchestratorScaling: `get` and
+`patch` on the rollout workload's scale subresource, by name. Nothing to create or
+delete, no wildcard. "[]" when the pod calls no API. */}}
+{{- define "specrl.orchestratorRules" -}}
+{{- $v := .Values }}
+{{- $full := include "specrl.fullname" . }}
+{{- $rules := list }}
+{{- if $v.orchestrator.releaseOnCompletion }}
+{{- $rules = append $rules (dict "apiGroups" (list "") "resources" (list "pods") "verbs" (list "get")) }}
+{{- $byResource := dict }}
+{{- range fromJsonArray (include "specrl.releaseTargets" .) }}
+{{- $key := printf "%s|%s" .group .resource }}
+{{- $_ := set $byResource $key (append (default list (get $byResource $key)) .name) }}
+{{- end }}
+{{- range $key, $names := $byResource }}
+{{- $rules = append $rules (dict "apiGroups" (list (splitList "|" $key | first)) "resources" (list (splitList "|" $key | last)) "resourceNames" $names "verbs" (list "patch")) }}
+{{- end }}
+{{- end }}
+{{- if eq $v.orchestrator.discovery "endpointslices" }}
+{{- $rules = append $rules (dict "apiGroups" (list "discovery.k8s.io") "resources" (list "endpointslices") "verbs" (list "list" "watch")) }}
+{{- end }}
+{{- if $v.rollout.orchestratorScaling.enabled }}
+{{- $w := fromJson (include "specrl.rolloutWorkload" .) }}
+{{- $rules = append $rules (dict "apiGroups" (list $w.group) "resources" (list (printf "%s/scale" $w.resource)) "resourceNames" (list (printf "%s-rollout" $full)) "verbs" (list "get" "patch")) }}
+{{- end }}
+{{- toJson $rules }}
 {{- end }}
 
 {{/* What a finished run releases (orchestrator.releaseOnCompletion), as JSON for

@@ -52,6 +52,22 @@ without a rank idles. */}}
 {{- end }}
 {{- end }}
 
+{{- /* One scaler owns the rollout's replica count: two would fight over it (each
+undoing the other's change). */}}
+{{- $r := $v.rollout }}
+{{- $scalers := list }}
+{{- if $r.autoscaling.enabled }}{{ $scalers = append $scalers "rollout.autoscaling (HorizontalPodAutoscaler)" }}{{ end }}
+{{- if $r.keda.enabled }}{{ $scalers = append $scalers "rollout.keda" }}{{ end }}
+{{- if $r.orchestratorScaling.enabled }}{{ $scalers = append $scalers "rollout.orchestratorScaling" }}{{ end }}
+{{- if gt (len $scalers) 1 }}
+{{- fail (printf "%s both scale the rollout replicas: enable one" (join " and " $scalers)) }}
+{{- end }}
+{{- with $r.orchestratorScaling }}
+{{- if and .enabled (gt (int .minReplicas) (int .maxReplicas)) }}
+{{- fail (printf "rollout.orchestratorScaling.minReplicas (%d) is more than its maxReplicas (%d)" (int .minReplicas) (int .maxReplicas)) }}
+{{- end }}
+{{- end }}
+
 {{- /* A tensor-parallel group inside one pod (NVLink within the node), or over whole
 pods; never straddling part of one pod and part of the next. */}}
 {{- if not (or (eq 0 (mod $procs $tp)) (eq 0 (mod $tp $procs))) }}
