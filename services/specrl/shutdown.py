@@ -6,11 +6,10 @@ ran torch.distributed collectives ends through `exit_now` (why there)."""
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import sys
-import threading
-import time
 from typing import NoReturn
 
 log = logging.getLogger("specrl.shutdown")
@@ -18,16 +17,14 @@ log = logging.getLogger("specrl.shutdown")
 GRACE_S = 20.0
 
 
-def exit_after(seconds: float = GRACE_S, code: int = 1) -> None:
-    """Exit the process in `seconds` unless it has exited by then."""
-
-    def deadline() -> None:
-        time.sleep(seconds)
-        log.error("shutdown took over %.0fs: exiting now", seconds)
-        logging.shutdown()
-        os._exit(code)
-
-    threading.Thread(target=deadline, name="shutdown-deadline", daemon=True).start()
+def exit_after(seconds: float = GRACE_S) -> None:
+    """Exit the process (code 1) in `seconds` unless it has exited by then, printing every
+    thread's stack first (what held the shutdown up). faulthandler's watchdog is a C
+    thread that needs no GIL: a Python thread would never run while the main thread sits
+    in a C call that holds the GIL (a trainer outlived a killed run that way, once in a
+    full suite run on 2 cores)."""
+    log.info("stopping: the process exits within %.0fs", seconds)
+    faulthandler.dump_traceback_later(seconds, exit=True)
 
 
 def exit_now(code: int = 0) -> NoReturn:
