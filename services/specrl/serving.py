@@ -6,7 +6,7 @@ SIGINT/SIGTERM, then stop under the shutdown deadline. `health_of` asks any spec
 from __future__ import annotations
 
 import signal
-import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 
@@ -14,6 +14,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from specrl import grpc_options, shutdown
+
+STOP_POLL_S = 0.2  # how soon a service notices SIGINT/SIGTERM
 
 
 def start(
@@ -46,10 +48,14 @@ def report_ready(ready_file: str | None, port: int) -> None:
 def wait_for_stop(server: grpc.Server) -> None:
     """Block until SIGINT/SIGTERM, then stop `server` (the process exits within the
     shutdown deadline whatever the caller's cleanup does)."""
-    stop = threading.Event()
+    # The handler takes no lock: one that does (Event.set) deadlocks when a second signal
+    # interrupts the first handler inside it, holding that lock (a trainer hung that way
+    # for good after its run was killed: SIGTERM twice in a row).
+    asked: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+        signal.signal(sig, lambda signum, _: asked.append(signum))
+    while not asked:
+        time.sleep(STOP_POLL_S)
     shutdown.exit_after()
     server.stop(grace=5).wait()
 
