@@ -59,6 +59,17 @@ CASES = {
         15,
         {},
     ),
+    "SpecrlSpeculationNoGain": (
+        # r0's draft stopped paying (every range at 1: no drafts); r1 gains at one range
+        [
+            ("specrl_rollout_adaptive_speedup{instance='r0:9400', batch_sizes='1'}", "1x50"),
+            ("specrl_rollout_adaptive_speedup{instance='r0:9400', batch_sizes='2'}", "0.97x50"),
+            ("specrl_rollout_adaptive_speedup{instance='r1:9400', batch_sizes='1'}", "1.6x50"),
+            ("specrl_rollout_adaptive_speedup{instance='r1:9400', batch_sizes='2'}", "1x50"),
+        ],
+        35,
+        {"instance": "r0:9400"},
+    ),
     "SpecrlRolloutStarvation": (
         # the trainer idles 0.8 s of every second (counter +48 per minute); the rate is
         # over 30 minutes (steps minutes apart), so the alert is due 10 minutes after that

@@ -513,3 +513,19 @@ def test_a_batch_size_never_measured_starts_from_its_measured_neighbours():
     assert [ctl.k_for(b) for b in (2, 8, 32, 64, 128)] == [at_1, at_1, 0, 0, 0]
     run(ctl, engine, 8, 300)  # served: its own search
     assert ctl.range_of(8).searched and ctl.range_of(8).k == ctl.range_of(8).verdict
+
+
+def test_the_speedup_is_the_rate_in_force_over_the_rate_without_drafts():
+    """The net gain as the controller estimates it: near the engine's true ratio when
+    speculation pays, exactly 1 once the controller runs without drafts."""
+    engine, ctl = SimEngine(alpha=0.9, noise=0.0), AdaptiveK(CFG, 5, 128)
+    r = ctl.range_of(1)
+    assert ctl.speedup(r) is None  # nothing measured yet
+    run(ctl, engine, 1, 600)
+    k = ctl.k_for(1)
+    truth = engine.expected_rate(k, 1) / engine.expected_rate(0, 1, paused=True)
+    assert k > 0 and truth > 1.5
+    assert ctl.speedup(r) == pytest.approx(truth, rel=0.1)
+    weak, off = SimEngine(alpha=0.1, noise=0.0), AdaptiveK(CFG, 5, 128)
+    run(off, weak, 1, 600)
+    assert off.k_for(1) == 0 and off.speedup(off.range_of(1)) == 1.0

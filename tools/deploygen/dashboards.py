@@ -292,6 +292,14 @@ DASHBOARDS = (
                 description="Measured step cost with measured acceptance, per k the controller has "
                 "measured; it keeps the fastest, and k=0 unless speculation wins by ar_margin.",
             ),
+            Panel(
+                "Net gain: generation speedup over no speculation",
+                (("specrl_rollout_adaptive_speedup", "{{instance}} batch {{batch_sizes}}"),),
+                description="The adaptive controller's estimate per range of engine batch sizes: "
+                "output rate at the k in force over the rate without drafts (1: it runs without "
+                "drafts). A draft that stops paying (wiped or mismatched after a weight update, "
+                "too weak for the policy) drops here first.",
+            ),
         ),
     ),
     Dashboard(
@@ -417,6 +425,15 @@ ALERTS = (
         "warning",
         f'{RUN_IN} Acceptance length {{{{ $value | printf "%.2f" }}}} < 1.2 with speculation on: '
         "the draft no longer pays for itself.",
+    ),
+    Alert(
+        "SpecrlSpeculationNoGain",
+        f"max by ({PER_RUN}, instance) (specrl_rollout_adaptive_speedup) <= 1",
+        "30m",
+        "warning",
+        f"{RUN_IN} Rollout server {{{{ $labels.instance }}}}: speculation has brought no gain at any batch "
+        "size for 30 minutes (the adaptive controller runs without drafts): a draft wiped or mismatched "
+        "after a weight update, or too weak for this policy.",
     ),
     Alert(
         "SpecrlRolloutStarvation",

@@ -141,6 +141,14 @@ class RolloutMetrics:
             "1 while k is 0 at every batch size and the engine skips the drafter altogether",
             registry=r,
         )
+        self.adaptive_speedup = Gauge(
+            "specrl_rollout_adaptive_speedup",
+            "Generation speedup from speculation the adaptive controller estimates for a range "
+            "of batch sizes: output rate at the draft length in force over the rate without "
+            "speculation (1: running without drafts; under 1: the draft costs more than it saves)",
+            ["batch_sizes"],
+            registry=r,
+        )
         self.adaptive_rate = Gauge(
             "specrl_rollout_adaptive_tokens_per_second",
             "Engine output rate the adaptive controller estimates at draft length k for a "

@@ -217,6 +217,18 @@ class AdaptiveK:
         self._go_off()
         return False
 
+    def speedup(self, r: _Range) -> float | None:
+        """Range `r`'s estimated generation speedup from speculation: its rate at the k in
+        force over its rate without speculation (the paused engine's when measured, else
+        vLLM's k=0); 1.0 while it runs without drafts; None before both are measured. The
+        net gain users ask for (a draft that stopped paying shows here before anywhere)."""
+        k = self.k_for(r.first)
+        if k == 0:
+            return 1.0
+        rates = self.rates(r, self.costs(r))
+        base = self.off_rate(r) or rates.get(0)
+        return rates[k] / base if base and k in rates else None
+
     def off_rate(self, r: _Range) -> float | None:
         """Tokens/s of range `r` with speculation off everywhere (the drafter paused)."""
         if len(r.paused) < 2:

@@ -295,3 +295,5 @@ def _publish(controller: AdaptiveK, metrics: RolloutMetrics) -> None:
                 metrics.adaptive_rate.labels(batch_sizes=r.label, k=str(k)).set(rate)
         if (off := controller.off_rate(r)) is not None:
             metrics.adaptive_rate.labels(batch_sizes=r.label, k="off").set(off)
+        if (speedup := controller.speedup(r)) is not None:
+            metrics.adaptive_speedup.labels(batch_sizes=r.label).set(speedup)
