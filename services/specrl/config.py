@@ -106,6 +106,25 @@ class AdaptiveSpeculationConfig(StrictModel):
         return self
 
 
+class HistoryConfig(StrictModel):
+    """The history drafter (method history: specrl.rollout.history): drafts continue the
+    request's last tokens where they occurred in its prompt, its sibling samples and
+    earlier responses to the same prompt on this replica."""
+
+    min_match: int = Field(2, ge=1)  # tokens a match needs at least
+    max_depth: int = Field(16, ge=1)  # tokens a match is compared over at most
+    min_share: float = Field(0.3, gt=0, le=1)  # of the matches a draft token must follow
+    max_sequences_per_prompt: int = Field(64, ge=1)
+    max_prompts: int = Field(4096, ge=1)
+    max_age: int = Field(8, ge=0)  # policy updates a response is kept across
+
+    @model_validator(mode="after")
+    def _check(self) -> HistoryConfig:
+        if self.min_match > self.max_depth:
+            raise ValueError("speculation.history.min_match must be <= max_depth")
+        return self
+
+
 class SpeculationConfig(StrictModel):
     """Which speculative decoding the engine runs. `draft` is a model reference (path or
     zoo:NAME) for eagle3 and draft_model, and must be absent otherwise."""
@@ -125,6 +144,8 @@ class SpeculationConfig(StrictModel):
     # k chosen per batch size by the server from measurements (k_schedule, if given, is
     # where it starts; num_speculative_tokens is the largest k it tries)
     adaptive: AdaptiveSpeculationConfig = AdaptiveSpeculationConfig()
+    # method history only
+    history: HistoryConfig = HistoryConfig()
 
     @model_validator(mode="after")
     def _check(self) -> SpeculationConfig:
@@ -647,6 +668,11 @@ class OrchestratorConfig(StrictModel):
     # ceil(1.25 x max_num_seqs / n), so that the engine's batch stays full as groups finish
     # (16 while a replica's status cannot be read).
     concurrency: int | None = Field(None, ge=1)
+    # A prompt's groups go to one replica (rendezvous hashing over the replicas with a
+    # free slot) instead of the one with the most free slots, so a prompt that comes back
+    # next epoch finds its history (speculation method history) and prefix cache there.
+    # None: on when a replica reports the history drafter.
+    prompt_affinity: bool | None = None
     # One Generate call (a group of n samples) may take at most this long before it is
     # retried. None: no fixed deadline, so a group of 30k-token samples takes as long as
     # it needs; a replica that stops making progress is caught by generate_stall_s.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-Method = Literal["none", "eagle3", "draft_model", "ngram"]
+Method = Literal["none", "eagle3", "draft_model", "ngram", "history"]
 
 # The longest draft a step may propose (num_speculative_tokens, the adaptive controller's
 # largest k, the simulator's k).

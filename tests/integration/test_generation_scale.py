@@ -268,3 +268,31 @@ def test_the_queue_wait_of_each_group_is_from_its_admission_to_its_call(tmp_path
     # admitted between `before` (less the id's ms rounding) and `admitted`
     assert started - 12 * admitted - 0.01 <= total <= started - 12 * (before - 0.001) + 0.01
     assert total >= 3 * (0.1 + 0.2 + 0.3) * 0.9, "the later groups waited their turn"
+
+
+@pytest.mark.parametrize(("affinity", "method"), [(True, ""), (None, "history")], ids=["set", "by-method"])
+def test_with_prompt_affinity_a_prompt_that_comes_back_goes_to_the_same_replica(tmp_path, affinity, method):
+    """orchestrator.prompt_affinity (on by itself with history-drafting replicas): 10
+    prompts, each admitted in 3 batches (epochs), over 4 replicas with room to spare:
+    every group of a prompt lands on one replica, and the prompts spread over them. (Without
+    affinity the replica with the most free slots takes each group: here group i goes to
+    replica i mod 4, and a prompt's groups 10 apart to different replicas.)"""
+    metrics = OrchestratorMetrics(CollectorRegistry())
+    with RedisServer(tmp_path / "redis") as server, LoadEndpoints(4, median_s=0.05, method=method) as fleet:
+        streams = RunStreams.connect(server.url, "affinity")
+        groups = [PromptGroup(f"{b}-{p}", b, [1, 2, 3, p], "", "8", 0) for b in range(3) for p in range(10)]
+        streams.publish(groups)
+        gens = Generators(
+            streams, list(fleet.addresses), concurrency=64, sampling=SamplingConfig(n=2, max_tokens=8),
+            reward_fn=math_reward, seed=0, timeout_s=None, metrics=metrics, prompt_affinity=affinity,
+        ).start()  # fmt: skip
+        try:
+            wait_for(lambda: streams.r.xlen(streams.rollouts) >= len(groups), 60, "every group")
+        finally:
+            gens.stop()
+        done = [json.loads(fields["data"]) for _, fields in streams.r.xrange(streams.rollouts)]
+    by_prompt: dict[int, set[str]] = {}
+    for g in done:
+        by_prompt.setdefault(g["prompt_ids"][-1], set()).add(g["replica"])
+    assert len(done) == 30 and all(len(r) == 1 for r in by_prompt.values()), by_prompt
+    assert len(set().union(*by_prompt.values())) >= 3, "10 prompts hashed onto fewer than 3 of 4 replicas"

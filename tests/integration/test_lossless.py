@@ -23,10 +23,10 @@ N = 6000
 ALPHA = 1e-3
 # The cells sample seeded, as the orchestrator's rollouts are (vLLM seeds the n samples of
 # a request from its seed up; each a generator of its own): a rerun samples the same, so
-# a check's verdict is reproducible rather than a fresh 1e-3 draw per check and run (15
-# checks: ~1.5% of runs would fail a correct sampler). Every check has seeds of its own:
+# a check's verdict is reproducible rather than a fresh 1e-3 draw per check and run (18
+# checks: ~1.8% of runs would fail a correct sampler). Every check has seeds of its own:
 # with shared ones the methods' samples are alike (lossless, same random numbers) and
-# their checks one draw, not 15 (seeds 6001-12000 gave every method's T=0.7 check
+# their checks one draw, not 18 (seeds 6001-12000 gave every method's T=0.7 check
 # p = 0.002-0.05; docs/lossless.md: no bias at 16000 samples).
 # Unseeded sampling is tested by the startup self-test and test_rollout_server.py's
 # `specrl verify lossless` test.
@@ -44,13 +44,22 @@ LOGPROB_ATOL = 1e-3  # float32 engine vs float32 HF: different kernels, same mat
 # n-gram matches single tokens here: the probe prompt has no repeated two-token suffix
 # (stats/lossless.py PROBE_PROMPT).
 NGRAM = {"prompt_lookup_min": 1}
+# The history drafter drafts from the request's sibling samples (the N samples of a check
+# are one request) and from earlier requests of the same prompt: those of the settings
+# checked before, and first N samples at temperature 2.0, a distribution far from every
+# setting's, as responses written by an older policy are.
+HISTORY = {"history": {"min_match": 1}}
 METHODS = [
     ("draft_model", 1, "zoo:draft", None),
     ("ngram", 1, None, NGRAM),
     ("draft_model", 3, "zoo:draft", None),
     ("ngram", 3, None, NGRAM),
+    ("history", 3, None, HISTORY),
     ("eagle3", 3, "zoo:eagle3-domain", None),
 ]
+# Each cell's seeds by its place here, which only grows at the end: a cell added does not
+# move the seeds (and so the reproducible verdicts) of the others.
+SEED_ORDER = ["draft_model-k1", "ngram-k1", "draft_model-k3", "ngram-k3", "eagle3-k3", "history-k3"]
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +93,11 @@ def sample(client, ids, setting, n=N, seed=None):
 
 @pytest.mark.parametrize("method, k, draft, spec", METHODS, ids=[f"{m}-k{k}" for m, k, *_ in METHODS])
 def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method, k, draft, spec):
-    cell = METHODS.index((method, k, draft, spec))
+    cell = SEED_ORDER.index(f"{method}-k{k}")
     proc = servers.get(server_config(method, k, draft, spec))
     with RolloutClient(proc.address) as c:
+        if method == "history":  # history from another distribution first (HISTORY)
+            sample(c, hf[2], {"temperature": 2.0}, seed=SEED + len(SEED_ORDER) * len(SETTINGS) * N)
         for i, setting in enumerate(SETTINGS):
             samples, al = sample(c, hf[2], setting, seed=SEED + (cell * len(SETTINGS) + i) * N)
             check = check_samples(

@@ -57,7 +57,9 @@ class _Endpoint(pb_grpc.RolloutServiceServicer):
         hang: bool,
         policy: _Policy,
         max_num_seqs: int = 64,
+        method: str = "",
     ) -> None:
+        self.method = method  # the speculation method GetStatus reports
         self.median_s, self.sigma, self.tokens, self.hang = median_s, sigma, tokens, hang
         self.policy = policy
         self.max_num_seqs = max_num_seqs
@@ -71,6 +73,7 @@ class _Endpoint(pb_grpc.RolloutServiceServicer):
             engine="loadgen",
             tokens_generated=generated,
             max_num_seqs=self.max_num_seqs,
+            speculation_method=self.method,
             requests_in_flight=self.in_flight,
         )
 
@@ -141,10 +144,11 @@ async def _serve(
     max_num_seqs: int = 64,
     ports: Sequence[int] = (),
     hosts: bool = False,
+    method: str = "",
 ) -> None:
     policy = _Policy()
     server = grpc.aio.server()
-    endpoint = _Endpoint(median_s, sigma, tokens, seed, hang, policy, max_num_seqs)
+    endpoint = _Endpoint(median_s, sigma, tokens, seed, hang, policy, max_num_seqs, method)
     pb_grpc.add_RolloutServiceServicer_to_server(endpoint, server)
     if hosts:  # one port, an address each (127.0.0.1, 127.0.0.2, ...): pods behind a Service
         port = server.add_insecure_port("127.0.0.1:0")
@@ -188,11 +192,13 @@ class LoadEndpoints:
         max_num_seqs: int = 64,
         ports: Sequence[int] = (),
         hosts: bool = False,
+        method: str = "",
     ) -> None:
         """`trainer_step_s`: also serve a trainer endpoint (`trainer`) whose step takes
         that long. `max_num_seqs`: the capacity every endpoint reports in GetStatus.
         `ports`: the endpoints' ports (one each; default: free ones). `hosts`: every
-        endpoint on one port at its own loopback address, as pods behind one Service."""
+        endpoint on one port at its own loopback address, as pods behind one Service.
+        `method`: the speculation method GetStatus reports (none by default)."""
         if ports and len(ports) != endpoints:
             raise ValueError(f"{len(ports)} ports for {endpoints} endpoints")
         self.args = [f"--endpoints={endpoints}", f"--median-s={median_s}", f"--sigma={sigma}"]
@@ -203,6 +209,8 @@ class LoadEndpoints:
             self.args.append(f"--ports={','.join(map(str, ports))}")
         if hosts:
             self.args.append("--hosts")
+        if method:
+            self.args.append(f"--method={method}")
         self.proc: subprocess.Popen | None = None
         self.addresses: list[str] = []
         self.trainer = ""
@@ -255,6 +263,7 @@ def main() -> None:
         "--ports", default="", help="comma-separated ports, one per endpoint (default: free ones)"
     )
     parser.add_argument("--hosts", action="store_true", help="one port, a loopback address each")
+    parser.add_argument("--method", default="", help="the speculation method GetStatus reports")
     a = parser.parse_args()
     ports = [int(p) for p in a.ports.split(",") if p]
     asyncio.run(
@@ -269,6 +278,7 @@ def main() -> None:
             a.max_num_seqs,
             ports,
             a.hosts,
+            a.method,
         )
     )
 

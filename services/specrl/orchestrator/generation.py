@@ -185,11 +185,15 @@ class Generators:
         retry_backoff_s: float = 1.0,
         stop_token_ids: tuple[int, ...] = (),
         workers: int = 8,
+        prompt_affinity: bool | None = None,
     ) -> None:
         self.streams = streams
         self.replicas = replicas
         # slots per replica; None: each replica's from its capacity (`slots_for`)
         self.concurrency = concurrency
+        # a prompt's groups to one replica while it has room (`_choose`); None: when some
+        # replica reports the history drafter (speculation method history)
+        self.prompt_affinity = prompt_affinity
         self.sampling = sampling
         self.stop_token_ids = stop_token_ids  # the data's (PromptSource.stop_token_ids)
         self.reward_fn = reward_fn
@@ -222,6 +226,7 @@ class Generators:
         self._clients: dict[str, AsyncRolloutClient] = {}
         self._in_flight: dict[str, int] = {}
         self._slots: dict[str, int] = {}  # per replica: the calls it may have in flight
+        self._history_replicas: set[str] = set()  # replicas that draft from history
         self._reading: set[str] = set()  # replicas whose capacity is being read at join
         # per replica: tokens_generated at a status read, and when (monotonic): its tokens/s
         self._rate: dict[str, tuple[int, float]] = {}
@@ -339,8 +344,9 @@ class Generators:
             self._in_flight[replica] = 0
             self._calls[replica] = {}
             self._slots[replica] = self.concurrency or FALLBACK_SLOTS
-            if self.concurrency is None:
-                self._reading.add(replica)  # no work until its capacity is read (or unreadable)
+            if self.concurrency is None or self.prompt_affinity is None:
+                # no work until its capacity and method are read (or found unreadable)
+                self._reading.add(replica)
             self._spawn(self._read_status(replica))
         if self.metrics:
             self.metrics.generation_slots.labels(replica=replica).set(self._slots[replica])
@@ -365,6 +371,8 @@ class Generators:
         """A replica's status read: its slots from its capacity, and its tokens/s since
         the last read at least RATE_MIN_S ago (none over an engine restart: the count
         starts again; an unanswered read keeps the last one, so the next spans the gap)."""
+        if status.speculation_method == "history":
+            self._history_replicas.add(replica)
         if self.concurrency is None:
             slots = slots_for(status.max_num_seqs, self.sampling.n)
             if slots != self._slots.get(replica):
@@ -395,6 +403,7 @@ class Generators:
         if replica in self._leaving and self._in_flight.get(replica) == 0:
             self._leaving.discard(replica)
             del self._in_flight[replica], self._calls[replica], self._slots[replica]
+            self._history_replicas.discard(replica)
             self._reading.discard(replica)
             self._rate.pop(replica, None)
             self._progress.pop(replica, None)
@@ -465,12 +474,22 @@ class Generators:
                 if self._stop.is_set() or not free:
                     self._spawn(self._requeue(delivery))
                     continue
-                replica = max(free, key=free.__getitem__)
+                replica = self._choose(free, delivery.group)
                 if self._in_flight[replica] == 0:  # progress is awaited from now on
                     self._progress[replica] = (self._progress.get(replica, (None, 0.0))[0], time.monotonic())
                 self._in_flight[replica] += 1
                 self._busy(replica, +1)
                 self._calls[replica][self._spawn(self._run(replica, delivery))] = delivery
+
+    def _choose(self, free: dict[str, int], group: PromptGroup) -> str:
+        """The replica for a group: the one with the most free slots; or, with prompt
+        affinity, the prompt's own among those with a free slot by rendezvous hashing, so
+        a prompt that comes back (the next epoch) goes where its history and prefix cache
+        are while that replica has room, and elsewhere, as stably, when it has none."""
+        if not (self.prompt_affinity or (self.prompt_affinity is None and self._history_replicas)):
+            return max(free, key=free.__getitem__)
+        key = hashlib.blake2b(str(group.prompt_ids).encode(), digest_size=16).digest()
+        return max(free, key=lambda r: hashlib.blake2b(key + r.encode(), digest_size=8).digest())
 
     async def _close(self) -> None:
         """After the dispatcher stopped: let cancelled calls give their prompts back,

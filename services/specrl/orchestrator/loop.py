@@ -156,6 +156,7 @@ class Orchestrator:
             max_attempts=cfg.max_attempts,
             metrics=metrics,
             stop_token_ids=tuple(source.stop_token_ids()),
+            prompt_affinity=cfg.prompt_affinity,
         )
         self.generators.max_version = self.version
         self._taken: list[Delivery] = []  # the batch being trained on

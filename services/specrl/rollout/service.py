@@ -163,6 +163,7 @@ class RolloutService:
 
     async def start(self) -> None:
         """Ask the engine which specrl fixes it runs, then self-test its sampler."""
+        await self.engine.start()
         if self.k_schedule is not None:
             # an engine may take its start schedule as a lookup only (vLLM does): applied
             # here as a change is, so that k=0 everywhere pauses the drafter from the start

@@ -122,6 +122,10 @@ class Engine(Protocol):
     # advances while the engine makes progress (the orchestrator's no-progress watchdog).
     tokens_generated: int
 
+    async def start(self) -> None:
+        """Once, before anything else is asked of the engine."""
+        ...
+
     def tokenize(self, text: str) -> list[int]: ...
 
     def generate(

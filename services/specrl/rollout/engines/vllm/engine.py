@@ -29,6 +29,7 @@ from specrl.rollout.engines.base import (
     SelfTestResult,
 )
 from specrl.rollout.engines.vllm import check_version
+from specrl.rollout.engines.vllm.history import PROPOSER as HISTORY_PROPOSER
 from specrl.rollout.engines.vllm.steps import step_logger
 from specrl.rollout.engines.vllm.worker import SpecrlWorkerExtension
 from specrl.weightsync.group import JoinInfo
@@ -51,6 +52,8 @@ def speculative_config(spec: SpeculationConfig, max_num_seqs: int) -> dict | Non
     if spec.method == "ngram":
         cfg["prompt_lookup_min"] = spec.prompt_lookup_min
         cfg["prompt_lookup_max"] = spec.prompt_lookup_max
+    elif spec.method == "history":  # specrl's proposer, through vLLM's extension point
+        cfg |= {"method": "custom_class", "model": HISTORY_PROPOSER}
     else:
         cfg["model"] = resolve_model_path(spec.draft or "")
     schedule = spec.k_schedule
@@ -177,6 +180,13 @@ class VllmEngine:
         self._drafter_paused = False
         loggers = [step_logger(self._step_listeners)] if speculation.adaptive.enabled else None
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+        self._history = speculation.history if speculation.method == "history" else None
+
+    async def start(self) -> None:
+        """After the engine starts: the history drafter gets the model runner it reads
+        requests from, and its settings."""
+        if self._history is not None:
+            await self._llm.collective_rpc("specrl_attach_history", args=(self._history.model_dump(),))
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer(text, add_special_tokens=False)["input_ids"]

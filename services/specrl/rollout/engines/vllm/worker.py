@@ -41,6 +41,18 @@ class SpecrlWorkerExtension:
         setattr(drafter, PAUSED, paused)
         return paused
 
+    def specrl_attach_history(self, settings: dict) -> bool:
+        """Give the history drafter (method history) the model runner and its settings;
+        False when this worker's drafter is another."""
+        from specrl.rollout.engines.vllm.history import HistoryProposer
+
+        runner = self.model_runner  # type: ignore[attr-defined]
+        drafter = getattr(runner, "drafter", None)
+        if not isinstance(drafter, HistoryProposer):
+            return False
+        drafter.attach(runner, settings)
+        return True
+
     # -- weight sync ----------------------------------------------------------------
 
     def _specrl_groups(self) -> dict[str, Any]:
@@ -96,6 +108,9 @@ class SpecrlWorkerExtension:
             finally:
                 finalize_layerwise_reload(model, model_config)
                 refresh_tied_weights(model, model_config)
+        history = getattr(runner, "drafter", None)
+        if kind == "policy" and result.get("ok") and hasattr(history, "index"):
+            history.index.set_version(history.index.version + 1)  # the history drafter's age
         return result
 
 
