@@ -87,7 +87,7 @@ def test_draft_bench_pairs_each_draft_with_the_shared_ar_and_its_own_best_k():
         ("ar", "none", 0, False),
         ("frozen", "eagle3", 3, False), ("frozen", "eagle3", 7, False), ("frozen", "eagle3", 7, True),
         ("adapted", "eagle3", 3, False), ("adapted", "eagle3", 7, False), ("adapted", "eagle3", 7, True),
-        ("-", "ngram", 3, False),
+        ("-", "ngram", 3, False), ("-", "history", 7, False),
     ]  # fmt: skip
     assert cells[1][2] == "zoo:eagle3-generic" and cells[4][2] == "/run/draft"
     assert len(_cells(TASKS["rl-think"], "eagle3-domain", [3], None)) == 3  # held back: no adapted
@@ -109,7 +109,7 @@ def test_draft_bench_pairs_each_draft_with_the_shared_ar_and_its_own_best_k():
     done = {
         (0, 1): rounds(100, 50), (1, 1): rounds(200, 100), (2, 1): rounds(150, 75), (3, 1): rounds(150, 75),
         (4, 1): rounds(110, 55), (5, 1): rounds(300, 150), (6, 1): rounds(300, 150),
-        (7, 1): rounds(90, 45, al=1.5),
+        (7, 1): rounds(90, 45, al=1.5), (8, 1): rounds(250, 125, al=4.0),
     }  # fmt: skip
     rows = cell_rows(TASKS["rl-zero"], "eagle3-generic", cells, done, {(3, 1): 3, (6, 1): 7}, [1])
     assert [(r["draft"], r["k"], r["adaptive"]) for r in rows] == [
@@ -121,6 +121,7 @@ def test_draft_bench_pairs_each_draft_with_the_shared_ar_and_its_own_best_k():
         ("adapted", 7, False),
         ("adapted", 7, True),
         ("-", 3, False),
+        ("-", 7, False),
     ]
     # AR once, although three groups pair with it
     by = {(r["draft"], r["k"], r["adaptive"]): r for r in rows}
