@@ -116,6 +116,8 @@ class HistoryConfig(StrictModel):
     min_share: float = Field(0.3, gt=0, le=1)  # of the matches a draft token must follow
     max_sequences_per_prompt: int = Field(64, ge=1)
     max_prompts: int = Field(4096, ge=1)
+    # tokens kept over every prompt (~300 bytes each in this implementation)
+    max_tokens: int = Field(4_000_000, ge=1)
     max_age: int = Field(8, ge=0)  # policy updates a response is kept across
 
     @model_validator(mode="after")

@@ -74,3 +74,15 @@ def test_a_live_sibling_drafts_for_another_while_both_generate():
     h.extend(P, a, [52])
     h.extend(P, b, [50, 51])
     assert h.propose(P, b, [*PROMPT, 50, 51], 3) == [52]
+
+
+def test_a_token_budget_evicts_the_least_recently_used_prompts():
+    h = HistoryIndex(min_match=2, max_tokens=40)
+    _response(h, b"old", [10, 11, 12] * 4)  # 4 prompt + 4 seed + 12 = 20 tokens
+    _response(h, b"new", [20, 21, 22] * 4)  # 20 more: at the budget
+    assert h.tokens == 40
+    probe = h.start(b"old", PROMPT)  # "old" used again: "new" is now the least recent
+    _response(h, b"newest", [30, 31, 32])
+    assert h.tokens <= 40
+    assert h.propose(b"old", probe, [*PROMPT, 10, 11], 1) == [12]
+    assert h.propose(b"new", 1, [*PROMPT, 20, 21], 1) == []  # evicted
