@@ -36,7 +36,8 @@ NAMESPACE = "train"
 WORKLOAD = "rl-specrl-rollout"
 SERVICE = "rl-specrl-rollout-headless"
 MAX = 8
-PROMPTS = 24  # a step's groups: 12 rounds of 2 slots on one replica, ~0.1 s each
+STEPS = 24
+PROMPTS = 24  # a step's groups: 12 rounds of 2 slots on one replica, 0.1 s each
 
 
 def test_the_loop_scales_rollout_out_to_its_exposed_generation_target(tmp_path, monkeypatch):
@@ -52,7 +53,7 @@ def test_the_loop_scales_rollout_out_to_its_exposed_generation_target(tmp_path, 
     )  # fmt: skip
     with (
         RedisServer(tmp_path / "redis") as redis_server,
-        LoadEndpoints(MAX, median_s=0.1, sigma=0.2, trainer_step_s=0.2, hosts=True) as fleet,
+        LoadEndpoints(MAX, median_s=0.1, sigma=0.0, trainer_step_s=0.2, hosts=True) as fleet,
         TrainerClient(fleet.trainer) as trainer,
     ):
         hosts = [a.rsplit(":", 1)[0] for a in fleet.addresses]
@@ -70,7 +71,7 @@ def test_the_loop_scales_rollout_out_to_its_exposed_generation_target(tmp_path, 
         registry = CollectorRegistry()
         metrics = OrchestratorMetrics(registry)
         loop = Orchestrator(
-            OrchestratorConfig(steps=16, max_lag=1, concurrency=2, checkpoint_every=0),
+            OrchestratorConfig(steps=STEPS, max_lag=1, concurrency=2, checkpoint_every=0),
             sampling=SamplingConfig(n=2, max_tokens=8),
             seed=0,
             prompts_per_step=PROMPTS,
@@ -93,7 +94,9 @@ def test_the_loop_scales_rollout_out_to_its_exposed_generation_target(tmp_path, 
     shares = [r["time"]["exposed_generation"] / r["time"]["step"] for r in records]
     summary = [(a, round(s, 2), r["autoscale"].get("reason", "")) for a, s, r in zip(asked, shares, records)]
     assert asked[0] == 1 and max(asked) >= 3, summary
-    assert asked == sorted(asked), f"a scale-in while too exposed: {summary}"
+    # a scale-in only when a scale-out did not pay (the law's no-gain check) or well hidden
+    for before, (a, _, reason) in zip(asked, summary[1:]):
+        assert a >= before or "predicted: back to" in reason or "under the target" in reason, summary
     settled = [s for a, s, r in zip(asked, shares, records) if r["autoscale"]["replicas"] == asked[-1]]
     assert sum(settled[-2:]) / 2 <= cfg.target_exposed_share + cfg.tolerance, summary
     assert sum(shares[:2]) / 2 > 0.4, f"one replica should have been too slow: {summary}"
@@ -107,7 +110,7 @@ def test_the_loop_scales_rollout_out_to_its_exposed_generation_target(tmp_path, 
     }
     assert api.scales[(NAMESPACE, "statefulsets", WORKLOAD)] == asked[-1]
     assert registry.get_sample_value("specrl_rollout_target_replicas") == asked[-1]
-    assert sum(r["samples"] for r in records) == 16 * PROMPTS * 2, "lost samples"
+    assert sum(r["samples"] for r in records) == STEPS * PROMPTS * 2, "lost samples"
     assert sum(r["duplicate_samples"] for r in records) == 0
 
 

@@ -69,7 +69,7 @@ def test_well_hidden_scales_down_conservatively_and_within_the_band_holds():
 def test_a_scale_up_that_did_not_pay_goes_back_and_sets_a_ceiling():
     law = ExposureControl(CFG)
     assert _decide(law, Measured(2, 10, 6, 6)).replicas == 4
-    # at 4 generation took 5.5 s: 0.5 s faster of 3 s predicted (prompts fewer than slots)
+    # at 4 the step exposed 5.5 s: 0.5 s less of 3 s predicted (prompts fewer than slots)
     d = _decide(law, Measured(4, 9.5, 5.5, 5.5))
     assert d.replicas == 2 and "ceiling" in d.reason
     d = _decide(law, Measured(2, 10, 6, 6))

@@ -18,9 +18,9 @@ at most `max_factor` times as many, at most max_replicas. Well hidden (share < t
 tolerance): the fewest replicas predicted to still meet it, at least 1/`max_factor` as many.
 When E is about 0, H = G is a lower bound of what is hidden, so a scale-down is
 conservative and goes on over several decisions. A scale-up is checked once settled: if
-generation got less than half as much faster as predicted (prompts fewer than the slots,
-or a long tail that more replicas cannot shorten), the added replicas go back and the count
-before is a ceiling for RETRY_AFTER_STEPS steps.
+the exposed time fell by less than a third of what was predicted (prompts fewer than the
+slots, or a long tail that more replicas cannot shorten), the added replicas go back and
+the count before is a ceiling for RETRY_AFTER_STEPS steps.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ from specrl.metrics import OrchestratorMetrics
 log = logging.getLogger("specrl.orchestrator.autoscale")
 
 RETRY_AFTER_STEPS = 20  # a ceiling found by a scale-up that did not pay lasts this long
-MIN_GAIN = 0.5  # of the predicted generation speedup, for added replicas to stay
+# of the predicted cut in exposed time, for added replicas to stay: low, since windows of a
+# few steps are noisy
+MIN_GAIN = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -109,20 +111,23 @@ class ExposureControl:
         return decision
 
     def _no_gain(self, m: Measured) -> Decision | None:
-        """The first window after a scale-up: did generation get faster as predicted?"""
+        """The first window after a scale-up: did the exposed time fall as predicted? (The
+        exposed time, what the law steers, not the generation span: with a lag the span
+        can stay while more of it hides behind training.)"""
         before, self._scaled_up_from = self._scaled_up_from, None
         if before is None or m.replicas <= before.replicas:
             return None
-        predicted = before.gen_s - before.gen_s * before.replicas / m.replicas
-        gained = before.gen_s - m.gen_s
-        if gained >= MIN_GAIN * predicted:
+        hidden = max(0.0, before.gen_s - before.exposed_s)
+        predicted = before.exposed_s - max(0.0, before.gen_s * before.replicas / m.replicas - hidden)
+        gained = before.exposed_s - m.exposed_s
+        if predicted <= 0 or gained >= MIN_GAIN * predicted:
             return None
         self._ceiling, self._ceiling_steps = before.replicas, 0
         return Decision(
             before.replicas,
             m.share,
             before.share,
-            f"{before.replicas}->{m.replicas} replicas made generation {gained:.2f}s faster of "
+            f"{before.replicas}->{m.replicas} replicas cut the exposed time by {gained:.2f}s of "
             f"{predicted:.2f}s predicted: back to {before.replicas} (the ceiling for "
             f"{RETRY_AFTER_STEPS} steps)",
         )
@@ -137,11 +142,15 @@ class ExposureControl:
             upper = max(r + 1, min(top, math.floor(r * cfg.max_factor)))
             new = self._fewest(m, r + 1, upper)
             return Decision(new, share, m.predict(new), f"exposed {share:.0%} over the target")
-        if share < cfg.target_exposed_share - cfg.tolerance and r > cfg.min_replicas:
+        if share < cfg.target_exposed_share - cfg.tolerance:
+            if r <= cfg.min_replicas:
+                return Decision(r, share, share, f"exposed {share:.0%} under the target, at min_replicas")
             lower = max(cfg.min_replicas, math.ceil(r / cfg.max_factor))
             new = self._fewest(m, lower, r)
             if new < r:
                 return Decision(new, share, m.predict(new), f"exposed {share:.0%} under the target")
+            why = f"exposed {share:.0%} under the target, {r - 1} replicas predicted over it"
+            return Decision(r, share, share, why)
         return Decision(r, share, share, f"exposed {share:.0%}: within the target's tolerance")
 
     def _fewest(self, m: Measured, lower: int, upper: int) -> int:
