@@ -21,6 +21,7 @@ from typing import ClassVar
 import kubernetes_validate
 import pytest
 import yaml
+from kube_api_fake import reply_json
 from test_helm_chart import CHART, CUSTOM, KUBERNETES, VALUES, by_kind, helm, render
 
 GB200 = VALUES["gb200"]
@@ -364,12 +365,7 @@ class _FakeApi(BaseHTTPRequestHandler):
         self._reply(200, {})
 
     def _reply(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        reply_json(self, code, body)
 
 
 @pytest.mark.parametrize("exit_code", [0, 75, 1])

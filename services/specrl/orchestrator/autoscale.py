@@ -185,28 +185,27 @@ class Autoscaler:
         """After a step: its part of the step record ('autoscale')."""
         t = record["time"]
         settled = replicas_at_end if replicas_at_start == replicas_at_end else -1
-        out: dict = {"replicas": replicas_at_end, "asked": self.asked}
+        out: dict = {"replicas": replicas_at_end}
         if self.asked is None:
             try:
                 self.start()
             except Exception as e:
                 log.warning("autoscaler: cannot read %s: %s", self.scale, e)
-                return out | {"error": str(e)}
+                return out | {"asked": None, "error": str(e)}
         assert self.asked is not None
         step = Measured(settled, t["step"], t["gen"], t["exposed_generation"])
         decision = self.law.observe(step, self.asked)
-        if decision is None:
-            return out | {"asked": self.asked}
-        out |= {"measured_share": decision.measured_share, "predicted_share": decision.predicted_share}
-        out["reason"] = decision.reason
-        if decision.replicas != self.asked:
-            try:
-                self._set(decision.replicas, decision.reason)
-            except Exception as e:
-                log.warning("autoscaler: cannot scale %s: %s", self.scale, e)
-                out["error"] = str(e)
-        if self.metrics:
-            self.metrics.predicted_exposed_share.set(decision.predicted_share)
+        if decision is not None:
+            out |= {"measured_share": decision.measured_share, "predicted_share": decision.predicted_share}
+            out["reason"] = decision.reason
+            if decision.replicas != self.asked:
+                try:
+                    self._set(decision.replicas, decision.reason)
+                except Exception as e:
+                    log.warning("autoscaler: cannot scale %s: %s", self.scale, e)
+                    out["error"] = str(e)
+            if self.metrics:
+                self.metrics.predicted_exposed_share.set(decision.predicted_share)
         return out | {"asked": self.asked}
 
     def _set(self, replicas: int, reason: str) -> None:

@@ -108,8 +108,10 @@ class SpecrlWorkerExtension:
             finally:
                 finalize_layerwise_reload(model, model_config)
                 refresh_tied_weights(model, model_config)
+        from specrl.rollout.engines.vllm.history import HistoryProposer
+
         history = getattr(runner, "drafter", None)
-        if kind == "policy" and result.get("ok") and hasattr(history, "index"):
+        if kind == "policy" and result.get("ok") and isinstance(history, HistoryProposer):
             history.index.set_version(history.index.version + 1)  # the history drafter's age
         return result
 
