@@ -119,12 +119,21 @@ class HistoryConfig(StrictModel):
     # tokens kept over every prompt (~300 bytes each in this implementation)
     max_tokens: int = Field(4_000_000, ge=1)
     max_age: int = Field(8, ge=0)  # policy updates a response is kept across
+    # With a draft model (method eagle3 or draft_model): each request's draft comes from
+    # history where history drafts at least `hybrid_min_draft` tokens, from the draft model
+    # otherwise (the first epoch, new prompts); rollout/engines/vllm/history.py.
+    hybrid: bool = False
+    hybrid_min_draft: int = Field(2, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> HistoryConfig:
         if self.min_match > self.max_depth:
             raise ValueError("speculation.history.min_match must be <= max_depth")
         return self
+
+    def index_settings(self) -> dict:
+        """The settings of the index itself (specrl.rollout.history.HistoryIndex)."""
+        return self.model_dump(exclude={"hybrid", "hybrid_min_draft"})
 
 
 class SpeculationConfig(StrictModel):
@@ -146,7 +155,7 @@ class SpeculationConfig(StrictModel):
     # k chosen per batch size by the server from measurements (k_schedule, if given, is
     # where it starts; num_speculative_tokens is the largest k it tries)
     adaptive: AdaptiveSpeculationConfig = AdaptiveSpeculationConfig()
-    # method history only
+    # method history, or hybrid with a draft model (history.hybrid)
     history: HistoryConfig = HistoryConfig()
 
     @model_validator(mode="after")
@@ -162,6 +171,11 @@ class SpeculationConfig(StrictModel):
             self._check_schedule(self.k_schedule)
         if self.adaptive.enabled and not self.enabled:
             raise ValueError("speculation.adaptive needs a speculation method")
+        if self.history.hybrid and not needs_draft:
+            raise ValueError(
+                f"speculation.history.hybrid needs a draft model (method eagle3 or draft_model), "
+                f"not method {self.method!r}"
+            )
         return self
 
     def _check_schedule(self, schedule: tuple[tuple[int, int, int], ...]) -> None:
@@ -184,6 +198,11 @@ class SpeculationConfig(StrictModel):
     @property
     def enabled(self) -> bool:
         return self.method != "none"
+
+    @property
+    def drafts_from_history(self) -> bool:
+        """The engine drafts from the run's history: method history, or hybrid."""
+        return self.method == "history" or self.history.hybrid
 
     @property
     def k(self) -> int:
@@ -672,9 +691,15 @@ class OrchestratorConfig(StrictModel):
     concurrency: int | None = Field(None, ge=1)
     # A prompt's groups go to one replica (rendezvous hashing over the replicas with a
     # free slot) instead of the one with the most free slots, so a prompt that comes back
-    # next epoch finds its history (speculation method history) and prefix cache there.
-    # None: on when a replica reports the history drafter.
+    # next epoch finds its history (speculation.history) and prefix cache there.
+    # None: on when a replica reports drafting from history.
     prompt_affinity: bool | None = None
+    # For replicas that draft from history: the last group of responses per prompt kept
+    # here (at most this many tokens, 4 bytes each; 0: none) and sent with the prompt's next
+    # group to a replica that has not seen the prompt since it started, so history
+    # survives a replica restart and follows a prompt to another replica
+    # (orchestrator/carry.py).
+    history_carry_tokens: int = Field(16_000_000, ge=0)
     # One Generate call (a group of n samples) may take at most this long before it is
     # retried. None: no fixed deadline, so a group of 30k-token samples takes as long as
     # it needs; a replica that stops making progress is caught by generate_stall_s.

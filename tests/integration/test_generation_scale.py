@@ -25,6 +25,7 @@ from specrl.metrics import OrchestratorMetrics
 from specrl.orchestrator.generation import FALLBACK_SLOTS, Generators, slots_for
 from specrl.queue.redis_server import RedisServer
 from specrl.queue.streams import PromptGroup, RunStreams
+from specrl.rollout.api import RolloutClient
 
 from helpers import wait_for
 
@@ -272,15 +273,17 @@ def test_the_queue_wait_of_each_group_is_from_its_admission_to_its_call(tmp_path
 
 @pytest.mark.parametrize(("affinity", "method"), [(True, ""), (None, "history")], ids=["set", "by-method"])
 def test_with_prompt_affinity_a_prompt_that_comes_back_goes_to_the_same_replica(tmp_path, affinity, method):
-    """orchestrator.prompt_affinity (on by itself with history-drafting replicas): 10
+    """orchestrator.prompt_affinity (on by itself with history-drafting replicas): 21
     prompts, each admitted in 3 batches (epochs), over 4 replicas with room to spare:
     every group of a prompt lands on one replica, and the prompts spread over them. (Without
     affinity the replica with the most free slots takes each group: here group i goes to
-    replica i mod 4, and a prompt's groups 10 apart to different replicas.)"""
+    replica i mod 4, and a prompt's groups 21 apart to different replicas.) The ports, and
+    so the hashing, differ per run: 21 prompts fall on at most 2 of 4 replicas with
+    probability ~3e-6 (10 did in ~0.6% of runs)."""
     metrics = OrchestratorMetrics(CollectorRegistry())
     with RedisServer(tmp_path / "redis") as server, LoadEndpoints(4, median_s=0.05, method=method) as fleet:
         streams = RunStreams.connect(server.url, "affinity")
-        groups = [PromptGroup(f"{b}-{p}", b, [1, 2, 3, p], "", "8", 0) for b in range(3) for p in range(10)]
+        groups = [PromptGroup(f"{b}-{p}", b, [1, 2, 3, p], "", "8", 0) for b in range(3) for p in range(21)]
         streams.publish(groups)
         gens = Generators(
             streams, list(fleet.addresses), concurrency=64, sampling=SamplingConfig(n=2, max_tokens=8),
@@ -294,5 +297,51 @@ def test_with_prompt_affinity_a_prompt_that_comes_back_goes_to_the_same_replica(
     by_prompt: dict[int, set[str]] = {}
     for g in done:
         by_prompt.setdefault(g["prompt_ids"][-1], set()).add(g["replica"])
-    assert len(done) == 30 and all(len(r) == 1 for r in by_prompt.values()), by_prompt
-    assert len(set().union(*by_prompt.values())) >= 3, "10 prompts hashed onto fewer than 3 of 4 replicas"
+    assert len(done) == 63 and all(len(r) == 1 for r in by_prompt.values()), by_prompt
+    assert len(set().union(*by_prompt.values())) >= 3, "21 prompts hashed onto fewer than 3 of 4 replicas"
+
+
+def test_replicas_that_restarted_get_each_prompts_last_responses_with_its_next_group(tmp_path):
+    """History carried (orchestrator.history_carry_tokens): 6 prompts over 2
+    history-drafting replicas; the replicas restart (new instances) between the first and
+    second epoch. Every second-epoch group carries its prompt's first-epoch responses (n=2)
+    to its replica, once: the first and third epochs carry none (the replica generated the
+    prompt itself, or had it carried since it started)."""
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        ports = [a.getsockname()[1], b.getsockname()[1]]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    metrics = OrchestratorMetrics(registry := CollectorRegistry())
+
+    def epoch(streams: RunStreams, b: int) -> None:
+        streams.publish([PromptGroup(f"{b}-{p}", b, [1, 2, 3, p], "", "8", 0) for p in range(6)])
+        wait_for(lambda: streams.r.xlen(streams.rollouts) >= 6 * (b + 1), 30, f"epoch {b}")
+
+    with RedisServer(tmp_path / "redis") as server:
+        streams = RunStreams.connect(server.url, "carry")
+        fleet = dict(median_s=0.02, sigma=0.1, tokens=5, method="history", ports=ports)
+        with LoadEndpoints(2, **fleet):
+            gens = Generators(
+                streams, addresses, concurrency=4, sampling=SamplingConfig(n=2, max_tokens=5),
+                reward_fn=math_reward, seed=0, timeout_s=None, stall_s=2.0, metrics=metrics,
+                history_carry_tokens=1000,
+            ).start()  # fmt: skip
+            try:
+                epoch(streams, 0)
+            except BaseException:
+                gens.stop()
+                raise
+        try:
+            with LoadEndpoints(2, **fleet):
+                new = RolloutClient(addresses[0]).status().instance
+                assert gens.carry is not None
+                wait_for(lambda: all(gens.carry.instance(r) == new for r in addresses), 10, "the restart")
+                epoch(streams, 1)
+                epoch(streams, 2)
+        finally:
+            gens.stop()
+        done = [json.loads(fields["data"]) for _, fields in streams.r.xrange(streams.rollouts)]
+    carried = {(g["batch"], s["text"]) for g in done for s in g["samples"]}
+    assert carried == {(0, "history=0"), (1, "history=2"), (2, "history=0")}, carried
+    assert registry.get_sample_value("specrl_generation_history_carried_tokens_total") == 6 * 2 * 5

@@ -49,17 +49,38 @@ NGRAM = {"prompt_lookup_min": 1}
 # checked before, and first N samples at temperature 2.0, a distribution far from every
 # setting's, as responses written by an older policy are.
 HISTORY = {"history": {"min_match": 1}}
+# EAGLE-3 hybrid with history: a request step drafts from history when history has even
+# one token (so both sources draft, and a row's later positions can come from EAGLE-3
+# after history's first); the test checks that both did.
+HYBRID = {"history": {"min_match": 1, "hybrid": True, "hybrid_min_draft": 1}}
 METHODS = [
     ("draft_model", 1, "zoo:draft", None),
     ("ngram", 1, None, NGRAM),
     ("draft_model", 3, "zoo:draft", None),
     ("ngram", 3, None, NGRAM),
     ("history", 3, None, HISTORY),
+    ("eagle3", 3, "zoo:eagle3-domain", HYBRID),
     ("eagle3", 3, "zoo:eagle3-domain", None),
 ]
 # Each cell's seeds by its place here, which only grows at the end: a cell added does not
 # move the seeds (and so the reproducible verdicts) of the others.
-SEED_ORDER = ["draft_model-k1", "ngram-k1", "draft_model-k3", "ngram-k3", "eagle3-k3", "history-k3"]
+SEED_ORDER = [
+    "draft_model-k1",
+    "ngram-k1",
+    "draft_model-k3",
+    "ngram-k3",
+    "eagle3-k3",
+    "history-k3",
+    "hybrid-k3",
+]
+
+
+# the priming samples' seeds: blocks of N past every cell's
+PRIME_BLOCKS = 1000
+
+
+def cell_id(method: str, k: int, spec: dict | None) -> str:
+    return f"{'hybrid' if spec is HYBRID else method}-k{k}"
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +112,13 @@ def sample(client, ids, setting, n=N, seed=None):
     return resp.samples, al
 
 
-@pytest.mark.parametrize("method, k, draft, spec", METHODS, ids=[f"{m}-k{k}" for m, k, *_ in METHODS])
+@pytest.mark.parametrize("method, k, draft, spec", METHODS, ids=[cell_id(m, k, s) for m, k, _, s in METHODS])
 def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method, k, draft, spec):
-    cell = SEED_ORDER.index(f"{method}-k{k}")
+    cell = SEED_ORDER.index(cell_id(method, k, spec))
     proc = servers.get(server_config(method, k, draft, spec))
     with RolloutClient(proc.address) as c:
-        if method == "history":  # history from another distribution first (HISTORY)
-            sample(c, hf[2], {"temperature": 2.0}, seed=SEED + len(SEED_ORDER) * len(SETTINGS) * N)
+        if spec in (HISTORY, HYBRID):  # history from another distribution first
+            sample(c, hf[2], {"temperature": 2.0}, seed=SEED + (PRIME_BLOCKS + cell) * N)
         for i, setting in enumerate(SETTINGS):
             samples, al = sample(c, hf[2], setting, seed=SEED + (cell * len(SETTINGS) + i) * N)
             check = check_samples(
@@ -112,6 +133,9 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
             assert check.power_at_tv05 > 0.9
             assert al > 1.0, "speculation proposed nothing on the probe prompt: the test would be vacuous"
             assert check.fit.passed(ALPHA), check.row()
+        if spec is HYBRID:  # both drafted: history's rows and EAGLE-3's
+            state = c.status().speculation
+            assert state.history and state.history_rows > 0 and state.model_rows > 0, state
 
 
 def test_returned_logprobs_match_the_hf_model(servers, hf):

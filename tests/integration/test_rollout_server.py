@@ -95,6 +95,10 @@ def test_seeded_requests_are_reproducible(eagle):
         (dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(n=16385)), "sampling.n"),  # vLLM's
         (dict(prompts=[pb.Prompt()]), "prompts[0]"),
         (
+            dict(prompts=[pb.Prompt(text=b"Q:", history=[pb.TokenIds(ids=[1]), pb.TokenIds(ids=[5, -2])])]),
+            "prompts[0].history[1]",
+        ),
+        (
             dict(prompts=[pb.Prompt(text=b"Q:")], sampling=pb.SamplingParams(stop_token_ids=[0, 128])),
             "sampling.stop_token_ids",
         ),

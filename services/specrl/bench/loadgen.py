@@ -26,6 +26,7 @@ import random
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 
 import grpc
@@ -46,7 +47,9 @@ class _Endpoint(pb_grpc.RolloutServiceServicer):
     GetStatus: tokens_generated advancing with time, as an engine at work, and
     `max_num_seqs` as its capacity. `hang`: an engine that stopped, Generate never answers
     and tokens_generated stands still. Counts the calls in flight (GetStatus's
-    requests_in_flight), their peak and the calls answered, over every port it serves."""
+    requests_in_flight), their peak and the calls answered, over every port it serves.
+    Its instance is new each start (as a rollout server's); a sample's text says how many
+    earlier responses were carried with its prompt (Prompt.history)."""
 
     def __init__(
         self,
@@ -66,6 +69,7 @@ class _Endpoint(pb_grpc.RolloutServiceServicer):
         self.rng = random.Random(seed)
         self.started = time.monotonic()
         self.in_flight = self.peak_in_flight = self.calls = 0
+        self.instance = uuid.uuid4().hex[:16]  # a new one each start, as a rollout server's
 
     async def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.RolloutStatus:
         generated = 0 if self.hang else int((time.monotonic() - self.started) * 1000)
@@ -74,7 +78,9 @@ class _Endpoint(pb_grpc.RolloutServiceServicer):
             tokens_generated=generated,
             max_num_seqs=self.max_num_seqs,
             speculation_method=self.method,
+            speculation=pb.SpeculationState(history=self.method == "history"),
             requests_in_flight=self.in_flight,
+            instance=self.instance,
         )
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:
@@ -99,7 +105,7 @@ class _Endpoint(pb_grpc.RolloutServiceServicer):
                 sample_index=j,
                 token_ids=list(range(1, self.tokens + 1)),
                 logprobs=[-0.5] * self.tokens,
-                text="",
+                text=f"history={len(request.prompts[p].history)}",  # responses carried to it
                 finish_reason=pb.FINISH_REASON_LENGTH,
                 policy_version=version,
             )

@@ -367,6 +367,12 @@ class OrchestratorMetrics:
             buckets=(*_LATENCY_BUCKETS, 600, 1800),
             registry=r,
         )
+        self.history_carried_tokens = Counter(
+            "specrl_generation_history_carried_tokens_total",
+            "Tokens of earlier responses the orchestrator sent to rollout replicas that had not "
+            "seen their prompt since they started (history drafting, orchestrator.history_carry_tokens)",
+            registry=r,
+        )
         self.generation_demand = Gauge(
             "specrl_generation_demand_sequences",
             "Sequences the run wants generated now: samples per group x prompt groups admitted "

@@ -56,6 +56,7 @@ import redis
 from specrl.config import SamplingConfig
 from specrl.data.rewards import RewardFn
 from specrl.metrics import OrchestratorMetrics
+from specrl.orchestrator.carry import HistoryCarry
 from specrl.queue.streams import Delivery, PromptGroup, RolloutGroup, RunStreams, SampleRecord
 from specrl.rollout.api import AsyncRolloutClient
 from specrl.v1 import rollout_pb2 as rpb
@@ -126,6 +127,11 @@ def queue_wait_s(entry_id: str, now: float) -> float | None:
     return max(0.0, now - ms / 1000.0)
 
 
+def prompt_key(group: PromptGroup) -> bytes:
+    """A prompt's identity for routing and carried history."""
+    return hashlib.blake2b(str(group.prompt_ids).encode(), digest_size=16).digest()
+
+
 def request_seed(run_seed: int, group_id: str) -> int:
     """Each group's sampling seed: a function of the run seed and the group alone, so a
     group is sampled the same way whichever replica takes it."""
@@ -186,14 +192,17 @@ class Generators:
         stop_token_ids: tuple[int, ...] = (),
         workers: int = 8,
         prompt_affinity: bool | None = None,
+        history_carry_tokens: int = 0,
     ) -> None:
         self.streams = streams
         self.replicas = replicas
         # slots per replica; None: each replica's from its capacity (`slots_for`)
         self.concurrency = concurrency
         # a prompt's groups to one replica while it has room (`_choose`); None: when some
-        # replica reports the history drafter (speculation method history)
+        # replica reports drafting from history (method history, or hybrid with a draft model)
         self.prompt_affinity = prompt_affinity
+        # the last responses per prompt, for replicas without them (carry.py); None: off
+        self.carry = HistoryCarry(history_carry_tokens) if history_carry_tokens else None
         self.sampling = sampling
         self.stop_token_ids = stop_token_ids  # the data's (PromptSource.stop_token_ids)
         self.reward_fn = reward_fn
@@ -371,8 +380,10 @@ class Generators:
         """A replica's status read: its slots from its capacity, and its tokens/s since
         the last read at least RATE_MIN_S ago (none over an engine restart: the count
         starts again; an unanswered read keeps the last one, so the next spans the gap)."""
-        if status.speculation_method == "history":
+        if status.speculation.history:
             self._history_replicas.add(replica)
+            if self.carry:
+                self.carry.observe(replica, status.instance)
         if self.concurrency is None:
             slots = slots_for(status.max_num_seqs, self.sampling.n)
             if slots != self._slots.get(replica):
@@ -404,6 +415,8 @@ class Generators:
             self._leaving.discard(replica)
             del self._in_flight[replica], self._calls[replica], self._slots[replica]
             self._history_replicas.discard(replica)
+            if self.carry:
+                self.carry.forget(replica)
             self._reading.discard(replica)
             self._rate.pop(replica, None)
             self._progress.pop(replica, None)
@@ -488,7 +501,7 @@ class Generators:
         are while that replica has room, and elsewhere, as stably, when it has none."""
         if not (self.prompt_affinity or (self.prompt_affinity is None and self._history_replicas)):
             return max(free, key=free.__getitem__)
-        key = hashlib.blake2b(str(group.prompt_ids).encode(), digest_size=16).digest()
+        key = prompt_key(group)
         return max(free, key=lambda r: hashlib.blake2b(key + r.encode(), digest_size=8).digest())
 
     async def _close(self) -> None:
@@ -656,6 +669,10 @@ class Generators:
         wait = queue_wait_s(delivery.entry_id, started + self._redis_offset)
         if self.metrics and wait is not None:
             self.metrics.generation_queue_wait.labels(replica=replica).observe(wait)
+        carry = self.carry if replica in self._history_replicas else None
+        history = carry.to_send(replica, prompt_key(group)) if carry else []
+        if history and self.metrics:
+            self.metrics.history_carried_tokens.inc(sum(map(len, history)))
         try:
             resp = await self._clients[replica].generate(
                 [group.prompt_ids],
@@ -667,6 +684,7 @@ class Generators:
                 stop=s.stop,
                 stop_token_ids=self.stop_token_ids,
                 seed=request_seed(self.seed, group.group_id),
+                history=[history],
             )
         except asyncio.CancelledError:  # stop or a stall cancelled the call (the replica aborts it)
             await self._requeue(delivery)
@@ -709,6 +727,8 @@ class Generators:
             self.behind.add(replica)
             await self._give_back(delivery)
             return
+        if carry:
+            carry.generated(replica, prompt_key(group), [x.token_ids for x in resp.samples])
         t1 = time.perf_counter()
         samples = await self._blocking(lambda: [self._sample(x, group.answer) for x in resp.samples])
         reward_seconds = time.perf_counter() - t1

@@ -157,6 +157,7 @@ class Orchestrator:
             metrics=metrics,
             stop_token_ids=tuple(source.stop_token_ids()),
             prompt_affinity=cfg.prompt_affinity,
+            history_carry_tokens=cfg.history_carry_tokens,
         )
         self.generators.max_version = self.version
         self._taken: list[Delivery] = []  # the batch being trained on

@@ -4,6 +4,7 @@ number of calls in flight on one event loop)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -13,10 +14,11 @@ from specrl.v1 import rollout_pb2 as pb
 from specrl.v1 import rollout_pb2_grpc as pb_grpc
 
 
-def make_prompt(p: str | Sequence[int]) -> pb.Prompt:
+def make_prompt(p: str | Sequence[int], history: Sequence[Sequence[int]] = ()) -> pb.Prompt:
+    carried = [pb.TokenIds(ids=list(h)) for h in history]
     if isinstance(p, str):
-        return pb.Prompt(text=p.encode("utf-8"))
-    return pb.Prompt(token_ids=pb.TokenIds(ids=list(p)))
+        return pb.Prompt(text=p.encode("utf-8"), history=carried)
+    return pb.Prompt(token_ids=pb.TokenIds(ids=list(p)), history=carried)
 
 
 def make_request(
@@ -32,7 +34,9 @@ def make_request(
     stop_token_ids: Sequence[int] = (),
     ignore_eos: bool = False,
     return_text: bool = True,
+    history: Sequence[Sequence[Sequence[int]]] = (),
 ) -> pb.GenerateRequest:
+    """`history`: per prompt, earlier responses to it (Prompt.history); () for none."""
     sampling = pb.SamplingParams(
         temperature=temperature,
         top_p=top_p,
@@ -47,7 +51,9 @@ def make_request(
     if seed is not None:
         sampling.seed = seed
     return pb.GenerateRequest(
-        prompts=[make_prompt(p) for p in prompts], sampling=sampling, return_text=return_text
+        prompts=[make_prompt(p, h) for p, h in itertools.zip_longest(prompts, history, fillvalue=())],
+        sampling=sampling,
+        return_text=return_text,
     )
 
 

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import time
+import uuid
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -64,6 +65,7 @@ def to_proto(s: StampedSample, return_text: bool) -> pb.Sample:
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
     def __init__(self, service: RolloutService) -> None:
         self.service = service
+        self.instance = uuid.uuid4().hex[:16]  # RolloutStatus.instance
         info = service.engine.info
         self.limits = Limits(
             vocab_size=info.vocab_size,
@@ -74,7 +76,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
 
     async def _parse(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> tuple[list[list[int]], Sampling]:
+    ) -> tuple[list[list[int]], Sampling, list[list[list[int]]]]:
         try:
             return parse_request(request, self.service.engine.tokenize, self.limits)
         except RequestError as e:
@@ -83,9 +85,9 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             raise  # unreachable: abort raises
 
     async def _stream(self, request, context):
-        prompts, sampling = await self._parse(request, context)
+        prompts, sampling, history = await self._parse(request, context)
         try:
-            async for s in self.service.generate(prompts, sampling, request.request_id):
+            async for s in self.service.generate(prompts, sampling, request.request_id, history):
                 yield s
         except NotServing as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
@@ -127,17 +129,22 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             engine_patches=svc.engine_patches,
             weight_sync_workers=info.workers,
             weight_sync=self._weight_state(),
-            speculation=self._speculation_state(),
+            speculation=await self._speculation_state(),
             tokens_generated=svc.engine.tokens_generated,
             max_num_seqs=svc.cfg.engine.max_num_seqs,
+            instance=self.instance,
         )
 
-    def _speculation_state(self) -> pb.SpeculationState:
+    async def _speculation_state(self) -> pb.SpeculationState:
         schedule = self.service.k_schedule or ()
+        rows = await self.service.engine.history_rows()
         return pb.SpeculationState(
             k_schedule=[pb.KRange(first=a, last=b, k=k) for a, b, k in schedule],
             adaptive=self.service.adaptive is not None,
             drafter_paused=self.service.drafter_paused,
+            history=self.service.cfg.speculation.drafts_from_history,
+            history_rows=rows.get("history", 0),
+            model_rows=rows.get("model", 0),
         )
 
     async def SetSpeculation(self, request, context):
@@ -148,7 +155,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"k_schedule: {e}")
-        return self._speculation_state()
+        return await self._speculation_state()
 
     def _weight_state(self) -> pb.WeightSyncState:
         w = self.service.weights

@@ -206,11 +206,16 @@ class RolloutService:
         return result
 
     async def generate(
-        self, prompts: list[list[int]], sampling: Sampling, request_id: str = ""
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        request_id: str = "",
+        history: list[list[list[int]]] | None = None,
     ) -> AsyncIterator[StampedSample]:
         """Yield every sample of every prompt as it finishes (completion order). Waits
         while a weight update is in progress; every sample carries the versions in force
-        when the request was admitted, which produced all of its tokens."""
+        when the request was admitted, which produced all of its tokens. `history`: per
+        prompt, earlier responses the engine keeps to draft from (before it starts)."""
         if not self.sampler_ok:
             raise NotServing(
                 "speculative sampling self-test failed at startup "
@@ -220,6 +225,13 @@ class RolloutService:
         if not self.weights.ready:
             self.gate.leave(len(prompts))
             raise NotReady(f"weights not ready: {self.weights.detail}")
+        try:
+            for prompt, responses in zip(prompts, history or ()):
+                if responses:
+                    await self.engine.seed_history(prompt, responses)
+        except BaseException:
+            self.gate.leave(len(prompts))
+            raise
         base = request_id or uuid.uuid4().hex[:12]
         ids = [f"{base}-{next(self._ids)}" for _ in prompts]
         queue: asyncio.Queue[tuple[int, GeneratedSample] | BaseException | None] = asyncio.Queue()

@@ -100,9 +100,27 @@ def parse_prompts(
     return out
 
 
+def parse_history(prompts: list[pb.Prompt], limits: Limits) -> list[list[list[int]]]:
+    """Each prompt's carried responses (Prompt.history), checked like token-id prompts."""
+    out: list[list[list[int]]] = []
+    for i, p in enumerate(prompts):
+        responses = []
+        for j, h in enumerate(p.history):
+            field = f"prompts[{i}].history[{j}]"
+            ids = list(h.ids)
+            if bad := [t for t in ids if not 0 <= t < limits.vocab_size]:
+                raise RequestError(field, f"ids {bad[:5]} outside the vocabulary [0, {limits.vocab_size})")
+            if len(ids) > limits.max_model_len:
+                raise RequestError(field, f"{len(ids)} tokens; the context is {limits.max_model_len}")
+            responses.append(ids)
+        out.append(responses)
+    return out
+
+
 def parse_request(
     req: pb.GenerateRequest, tokenize: Callable[[str], list[int]], limits: Limits
-) -> tuple[list[list[int]], Sampling]:
+) -> tuple[list[list[int]], Sampling, list[list[list[int]]]]:
+    """The prompts' token ids, the sampling, and each prompt's carried history."""
     sampling = parse_sampling(req.sampling, limits.vocab_size)
     prompts = parse_prompts(list(req.prompts), tokenize, limits)
     if limits.max_n is not None and sampling.n > limits.max_n:
@@ -117,4 +135,4 @@ def parse_request(
             f"{len(prompts)} prompts x n={sampling.n} = {total} samples exceeds this "
             f"server's max_samples_per_request={limits.max_samples_per_request}",
         )
-    return prompts, sampling
+    return prompts, sampling, parse_history(list(req.prompts), limits)

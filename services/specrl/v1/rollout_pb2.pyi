@@ -44,14 +44,20 @@ class SetSpeculationRequest(_message.Message):
     def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ...) -> None: ...
 
 class SpeculationState(_message.Message):
-    __slots__ = ("k_schedule", "adaptive", "drafter_paused")
+    __slots__ = ("k_schedule", "adaptive", "drafter_paused", "history", "history_rows", "model_rows")
     K_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_PAUSED_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_ROWS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ROWS_FIELD_NUMBER: _ClassVar[int]
     k_schedule: _containers.RepeatedCompositeFieldContainer[KRange]
     adaptive: bool
     drafter_paused: bool
-    def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ..., adaptive: _Optional[bool] = ..., drafter_paused: _Optional[bool] = ...) -> None: ...
+    history: bool
+    history_rows: int
+    model_rows: int
+    def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ..., adaptive: _Optional[bool] = ..., drafter_paused: _Optional[bool] = ..., history: _Optional[bool] = ..., history_rows: _Optional[int] = ..., model_rows: _Optional[int] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -60,12 +66,14 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Prompt(_message.Message):
-    __slots__ = ("text", "token_ids")
+    __slots__ = ("text", "token_ids", "history")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     text: bytes
     token_ids: TokenIds
-    def __init__(self, text: _Optional[bytes] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
+    history: _containers.RepeatedCompositeFieldContainer[TokenIds]
+    def __init__(self, text: _Optional[bytes] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., history: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "n", "seed", "stop", "ignore_eos", "stop_token_ids")
@@ -152,7 +160,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("engine", "engine_version", "model", "speculation_method", "num_speculative_tokens", "draft_model", "policy_version", "draft_version", "self_test_passed", "self_test_p_value", "self_test_detail", "requests_in_flight", "max_model_len", "vocab_size", "engine_patches", "weight_sync_workers", "weight_sync", "speculation", "tokens_generated", "max_num_seqs")
+    __slots__ = ("engine", "engine_version", "model", "speculation_method", "num_speculative_tokens", "draft_model", "policy_version", "draft_version", "self_test_passed", "self_test_p_value", "self_test_detail", "requests_in_flight", "max_model_len", "vocab_size", "engine_patches", "weight_sync_workers", "weight_sync", "speculation", "tokens_generated", "max_num_seqs", "instance")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +181,7 @@ class RolloutStatus(_message.Message):
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
     engine: str
     engine_version: str
     model: str
@@ -193,7 +202,8 @@ class RolloutStatus(_message.Message):
     speculation: SpeculationState
     tokens_generated: int
     max_num_seqs: int
-    def __init__(self, engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., draft_model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., self_test_passed: _Optional[bool] = ..., self_test_p_value: _Optional[float] = ..., self_test_detail: _Optional[str] = ..., requests_in_flight: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., engine_patches: _Optional[_Iterable[str]] = ..., weight_sync_workers: _Optional[int] = ..., weight_sync: _Optional[_Union[WeightSyncState, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
+    instance: str
+    def __init__(self, engine: _Optional[str] = ..., engine_version: _Optional[str] = ..., model: _Optional[str] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., draft_model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., self_test_passed: _Optional[bool] = ..., self_test_p_value: _Optional[float] = ..., self_test_detail: _Optional[str] = ..., requests_in_flight: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., engine_patches: _Optional[_Iterable[str]] = ..., weight_sync_workers: _Optional[int] = ..., weight_sync: _Optional[_Union[WeightSyncState, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., instance: _Optional[str] = ...) -> None: ...
 
 class JoinWeightGroupRequest(_message.Message):
     __slots__ = ("kind", "epoch", "store_host", "store_port", "rank_offset", "world_size", "backend", "timeout_s")

@@ -161,6 +161,16 @@ class Engine(Protocol):
         work altogether, not only its drafts."""
         ...
 
+    async def seed_history(self, prompt: list[int], responses: list[list[int]]) -> None:
+        """Keep `responses` as earlier responses to `prompt` to draft from (a server that
+        drafts from history; others ignore them)."""
+        ...
+
+    async def history_rows(self) -> dict[str, int]:
+        """Drafting hybrid with history: {"history": rows, "model": rows} drafted by each
+        so far; {} otherwise."""
+        ...
+
     def watch_steps(self, listener: Callable[[EngineStep], None]) -> None:
         """Call `listener` with every decode step (engines started with
         speculation.adaptive; on the event loop that runs `generate`)."""

@@ -56,6 +56,8 @@ def speculative_config(spec: SpeculationConfig, max_num_seqs: int) -> dict | Non
         cfg |= {"method": "custom_class", "model": HISTORY_PROPOSER}
     else:
         cfg["model"] = resolve_model_path(spec.draft or "")
+    if spec.history.hybrid:  # drafts made after bookkeeping, from the CPU's tokens (history.py)
+        cfg["disable_padded_drafter_batch"] = True
     schedule = spec.k_schedule
     if schedule is None and spec.adaptive.enabled:
         schedule = ((1, max_num_seqs, spec.num_speculative_tokens),)
@@ -180,13 +182,28 @@ class VllmEngine:
         self._drafter_paused = False
         loggers = [step_logger(self._step_listeners)] if speculation.adaptive.enabled else None
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
-        self._history = speculation.history if speculation.method == "history" else None
+        self._history = speculation.history if speculation.drafts_from_history else None
 
     async def start(self) -> None:
-        """After the engine starts: the history drafter gets the model runner it reads
+        """After the engine starts: drafting from history gets the model runner it reads
         requests from, and its settings."""
+        if self._history is None:
+            return
+        h = self._history
+        args = (h.index_settings(), h.hybrid_min_draft if h.hybrid else None)
+        if not all(await self._llm.collective_rpc("specrl_attach_history", args=args)):
+            raise RuntimeError("the engine's drafter cannot draft from history (speculation.history)")
+
+    async def seed_history(self, prompt: list[int], responses: list[list[int]]) -> None:
         if self._history is not None:
-            await self._llm.collective_rpc("specrl_attach_history", args=(self._history.model_dump(),))
+            await self._llm.collective_rpc("specrl_seed_history", args=(prompt, responses))
+
+    async def history_rows(self) -> dict[str, int]:
+        """Hybrid: the rows drafted from history and by the draft model, over the workers
+        (each drafts the same batch: the first's count)."""
+        if self._history is None:
+            return {}
+        return (await self._llm.collective_rpc("specrl_history_rows"))[0]
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -9,12 +9,28 @@ the engine starts (`SpecrlWorkerExtension.specrl_attach_history`, with the histo
 settings). A prompt is known by a hash of its token ids, so a prompt that comes back (the
 next epoch, or the n samples of one request, which vLLM runs as n requests) finds its
 history on this replica.
+
+Hybrid with a draft model (`speculation.history.hybrid`, method eagle3 or draft_model):
+the model runner keeps the draft model as its proposer, and the worker extension wraps
+the runner's `propose_draft_token_ids` (`install_hybrid`): after the draft model has
+drafted the batch, each row for which history drafts at least `min_draft` tokens takes
+history's tokens in its first positions. Lossless: specrl runs the draft model with
+vLLM's greedy draft sampling (its default), so both drafts are deterministic functions of
+the request's tokens so far, and whichever fills a position, the rejection sampler
+verifies a deterministic draft, as for n-gram. The wrapper refuses draft probabilities
+(probabilistic draft sampling), whose rows would then no longer describe the draft. The
+draft model still runs for every row (its KV cache must stay current), so the hybrid
+costs the draft model's step plus history's lookup; vLLM drafts after its bookkeeping
+then (`disable_padded_drafter_batch`), when the batch's tokens are on the CPU.
 """
 
 from __future__ import annotations
 
 import hashlib
 from typing import Any
+
+import numpy as np
+import torch
 
 from specrl.rollout.history import HistoryIndex
 
@@ -28,16 +44,23 @@ class HistoryProposer:
         self.index = HistoryIndex()
         self.runner: Any = None  # the model runner, once attached
         self._requests: dict[str, tuple[bytes, int, int]] = {}  # req id -> key, sequence, tokens seen
+        self.rows = {"history": 0, "model": 0}  # hybrid: rows drafted by each
 
     def attach(self, runner: Any, settings: dict) -> None:
         self.runner = runner
         self.index = HistoryIndex(**settings)
+        runner.specrl_history = self  # the worker extension ages it on policy updates
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         pass  # no model
 
     def propose(
-        self, sampled_token_ids: list[list[int]], num_tokens_no_spec, token_ids_cpu, slot_mappings=None
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec,
+        token_ids_cpu,
+        slot_mappings=None,
+        k: int | None = None,
     ) -> list[list[int]]:
         if self.runner is None:
             return [[] for _ in sampled_token_ids]
@@ -53,17 +76,64 @@ class HistoryProposer:
             if n > seen:
                 self.index.extend(key, seq, token_ids_cpu[i, seen:n].tolist())
             self._requests[req_id] = (key, seq, n)
-            k = min(self.k, self.max_model_len - n - 1)
+            k_row = min(self.k if k is None else k, self.max_model_len - n - 1)
             context = token_ids_cpu[i, max(0, n - self.index.max_depth) : n].tolist()
-            drafts.append(self.index.propose(key, seq, context, k))
+            drafts.append(self.index.propose(key, seq, context, k_row))
         for req_id in self._requests.keys() - batch.req_id_to_index.keys():  # ended
             key, seq, _ = self._requests.pop(req_id)
             self.index.finish(key, seq)
         return drafts
 
+    def seed(self, prompt: list[int], responses: list[list[int]]) -> None:
+        """Earlier responses to `prompt`, from elsewhere (Prompt.history), as finished
+        responses of the policy being served."""
+        key = prompt_key(prompt)
+        for response in responses:
+            seq = self.index.start(key, prompt)
+            self.index.extend(key, seq, response)
+            self.index.finish(key, seq)
+
     def _start(self, req_id: str, row: int, token_ids_cpu) -> tuple[bytes, int, int]:
         index = self.runner.input_batch.req_id_to_index[req_id]
         prompt_len = int(self.runner.input_batch.num_prompt_tokens[index])
         prompt = token_ids_cpu[row, :prompt_len]
-        key = hashlib.blake2b(prompt.tobytes(), digest_size=16).digest()
+        key = prompt_key(prompt)
         return key, self.index.start(key, prompt.tolist()), prompt_len
+
+
+def prompt_key(prompt: Any) -> bytes:
+    """A prompt's identity: a hash of its token ids (a list or the batch's array row)."""
+    return hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=16).digest()
+
+
+def install_hybrid(runner: Any, settings: dict, min_draft: int) -> HistoryProposer:
+    """Overlay history's drafts on the draft model's (module docstring) in `runner`."""
+    history = HistoryProposer(runner.vllm_config)
+    history.attach(runner, settings)
+    propose_model = runner.propose_draft_token_ids
+
+    def propose_draft_token_ids(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
+        drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
+        if runner._draft_probs is not None:
+            raise RuntimeError(
+                "hybrid history drafting needs deterministic draft-model drafts (vLLM "
+                "draft_sample_method greedy); the engine produced draft probabilities"
+            )
+        batch = runner.input_batch
+        found = history.propose(
+            sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=drafts.shape[1]
+        )
+        rows = [i for i, d in enumerate(found) if len(d) >= min_draft]
+        history.rows["history"] += len(rows)
+        history.rows["model"] += len(found) - len(rows)
+        if rows:
+            values = torch.full((len(rows), drafts.shape[1]), -1, dtype=drafts.dtype)
+            for j, i in enumerate(rows):
+                values[j, : len(found[i])] = torch.tensor(found[i], dtype=drafts.dtype)
+            index = torch.tensor(rows, device=drafts.device)
+            values = values.to(drafts.device)
+            drafts[index] = torch.where(values >= 0, values, drafts[index])
+        return drafts
+
+    runner.propose_draft_token_ids = propose_draft_token_ids
+    return history

@@ -41,17 +41,34 @@ class SpecrlWorkerExtension:
         setattr(drafter, PAUSED, paused)
         return paused
 
-    def specrl_attach_history(self, settings: dict) -> bool:
-        """Give the history drafter (method history) the model runner and its settings;
-        False when this worker's drafter is another."""
-        from specrl.rollout.engines.vllm.history import HistoryProposer
+    def specrl_attach_history(self, settings: dict, hybrid_min_draft: int | None) -> bool:
+        """Start drafting from history (history.py): give the history drafter (method
+        history) the model runner and its settings, or, with `hybrid_min_draft`, overlay
+        history's drafts on the draft model's. False when there is nothing to attach to."""
+        from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+        from specrl.rollout.engines.vllm.history import HistoryProposer, install_hybrid
 
         runner = self.model_runner  # type: ignore[attr-defined]
         drafter = getattr(runner, "drafter", None)
-        if not isinstance(drafter, HistoryProposer):
+        if hybrid_min_draft is not None and isinstance(drafter, SpecDecodeBaseProposer):
+            install_hybrid(runner, settings, hybrid_min_draft)
+        elif hybrid_min_draft is None and isinstance(drafter, HistoryProposer):
+            drafter.attach(runner, settings)
+        else:
             return False
-        drafter.attach(runner, settings)
         return True
+
+    def specrl_seed_history(self, prompt: list[int], responses: list[list[int]]) -> None:
+        """Earlier responses to `prompt` (carried by the orchestrator) into the history."""
+        history = getattr(self.model_runner, "specrl_history", None)  # type: ignore[attr-defined]
+        if history is not None:
+            history.seed(prompt, responses)
+
+    def specrl_history_rows(self) -> dict[str, int]:
+        """Hybrid: the rows (request steps) drafted from history and by the draft model."""
+        history = getattr(self.model_runner, "specrl_history", None)  # type: ignore[attr-defined]
+        return dict(history.rows) if history is not None else {}
 
     # -- weight sync ----------------------------------------------------------------
 
@@ -108,11 +125,9 @@ class SpecrlWorkerExtension:
             finally:
                 finalize_layerwise_reload(model, model_config)
                 refresh_tied_weights(model, model_config)
-        from specrl.rollout.engines.vllm.history import HistoryProposer
-
-        history = getattr(runner, "drafter", None)
-        if kind == "policy" and result.get("ok") and isinstance(history, HistoryProposer):
-            history.index.set_version(history.index.version + 1)  # the history drafter's age
+        history = getattr(runner, "specrl_history", None)  # drafting from history (history.py)
+        if kind == "policy" and result.get("ok") and history is not None:
+            history.index.set_version(history.index.version + 1)  # its responses' age
         return result
 
 
