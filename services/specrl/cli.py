@@ -478,22 +478,56 @@ def bench_draft(
     on after an RL run), n-gram and the adaptive controller; each run's servers measured
     together in interleaved rounds."""
     from specrl.bench.draft import run_draft_bench
-    from specrl.bench.tasks import pick_tasks
 
-    try:
-        chosen = pick_tasks(tasks.split(","))
-    except ValueError as e:
-        _fail(str(e))
     run_draft_bench(
         out,
         steps=steps,
         ks=[int(k) for k in ks.split(",")],
         concurrency=[int(c) for c in concurrency.split(",")],
-        tasks=chosen,
+        tasks=_tasks(tasks),
         prompts_per_level=prompts,
         rounds=rounds,
         console=console,
     )
+
+
+@bench_app.command("history")
+def bench_history(
+    out: Path = typer.Option(Path("docs/bench/history.json"), help="JSON output (Markdown beside)."),
+    epochs: int = typer.Option(3, min=1, help="Epochs measured (the first on the initial policy)."),
+    steps: int = typer.Option(4, min=1, help="RL steps that move the policy between epochs."),
+    k: int = typer.Option(3, min=1, help="Draft length of every speculative server."),
+    concurrency: str = typer.Option("1,4,16,64", help="Comma-separated sequences in flight."),
+    rounds: int = typer.Option(2, min=1, help="Counted rounds per epoch (after one warm-up round)."),
+    tasks: str = typer.Option(
+        "rl-zero,rl-think",
+        help="Comma-separated columns: rl-zero, rl-think (builds the zoo's RL-Think variant).",
+    ),
+) -> None:
+    """AR, EAGLE-3 alone, the history drafter and the hybrid over the epochs of a real RL
+    run (the policy trained between epochs), each epoch's history carried from the last."""
+    from specrl.bench.history import run_history_bench
+
+    run_history_bench(
+        out,
+        epochs=epochs,
+        steps=steps,
+        k=k,
+        concurrency=[int(c) for c in concurrency.split(",")],
+        tasks=_tasks(tasks),
+        rounds=rounds,
+        console=console,
+    )
+
+
+def _tasks(names: str) -> list[str]:
+    """The benchmark tasks named (comma-separated), checked."""
+    from specrl.bench.tasks import pick_tasks
+
+    try:
+        return pick_tasks(names.split(","))
+    except ValueError as e:
+        _fail(str(e))
 
 
 @bench_app.command("weightsync")

@@ -33,9 +33,8 @@ from pathlib import Path
 from rich.console import Console
 
 from specrl.bench.adaptive import balanced_orders, table_rows
-from specrl.bench.report import machine
-from specrl.bench.rollout import TEMPERATURE, Variant, chosen_k, closed_loop
-from specrl.bench.tasks import TASKS, Task, pick_tasks, task_prompts
+from specrl.bench.rollout import Variant, chosen_k, closed_loop
+from specrl.bench.tasks import TASKS, Task, bench_meta, pick_tasks, task_prompts
 from specrl.config import RolloutServerConfig, RunConfig
 from specrl.launcher import ServiceProcess, start_all
 from specrl.tables import markdown_table, print_table
@@ -60,12 +59,15 @@ TABLE_COLUMNS = (
 )
 
 
-def _run_config(task: Task, init: str, steps: int, root: Path) -> RunConfig:
-    """A short sync RL run of the task's policy with EAGLE-3 from `init`, adapted online."""
-    policy = f"zoo:{task.zoo}target"
+def rl_run_config(
+    task: Task, init: str, steps: int, root: Path, *, policy: str = "", adapt: bool = True, name: str = ""
+) -> RunConfig:
+    """A short sync RL run of `policy` (default: the task's zoo target) with EAGLE-3 from
+    `init`, adapted online (`adapt`) or frozen."""
+    policy = policy or f"zoo:{task.zoo}target"
     return RunConfig.model_validate(
         {
-            "name": f"{task.name}-{init}",
+            "name": name or f"{task.name}-{init}",
             "output_dir": str(root / "{name}"),
             "data": {"prompts_per_step": task.prompts_per_step},
             "sampling": {"n": 8, "max_tokens": task.max_tokens},
@@ -99,17 +101,22 @@ def _run_config(task: Task, init: str, steps: int, root: Path) -> RunConfig:
                 }
             },
             "draft_trainer": {
-                "enabled": True,
+                "enabled": adapt,
                 "server": {"port": 0, "training": {"lr": 1e-3, "holdout_every": 5}},
             },
         }
     )
 
 
-def _server(policy: str, method: str, draft: str, k: int, adaptive: bool) -> RolloutServerConfig:
+def bench_server(
+    policy: str, method: str, draft: str, k: int, adaptive: bool, history: dict | None = None
+) -> RolloutServerConfig:
+    """A benchmark's rollout server of `policy` (`history`: speculation.history)."""
     spec: dict = {"method": method, "num_speculative_tokens": max(1, k), "adaptive": {"enabled": adaptive}}
     if draft:
         spec["draft"] = draft
+    if history:
+        spec["history"] = history
     return RolloutServerConfig.model_validate(
         {
             "port": 0,
@@ -157,7 +164,8 @@ def _measure(
     ones. Rows (one per cell and level) and, per adaptive cell, the controller's schedule
     changes from its server's log."""
     procs = [
-        ServiceProcess(_server(policy, method, draft, k, adaptive)) for _, method, draft, k, adaptive in cells
+        ServiceProcess(bench_server(policy, method, draft, k, adaptive))
+        for _, method, draft, k, adaptive in cells
     ]
     done: dict[tuple[int, int], list[dict]] = {}
     with ExitStack() as stack:
@@ -277,7 +285,7 @@ def run_draft_bench(
             measured = prompts[: task.prompts(prompts_per_level)]
             for init in INITS:
                 console.print(f"[bold]{task.name} {init}[/bold]: {steps} RL steps with online adaptation")
-                result = run(_run_config(task, init, steps, Path(tmp)), console=console, metrics=False)
+                result = run(rl_run_config(task, init, steps, Path(tmp)), console=console, metrics=False)
                 runs[f"{task.name}/{init}"] = [
                     {"step": r["step"], "acceptance_length": r["acceptance_length"], "draft": r["draft"]}
                     for r in result.records
@@ -363,13 +371,7 @@ def _write(
     rounds: int,
 ) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "machine": machine(),
-        "max_tokens": {t.name: t.max_tokens for t in TASKS.values()},
-        "temperature": TEMPERATURE,
-        "rl_steps": steps,
-        "rounds": rounds,
-    }
+    meta = bench_meta(rl_steps=steps, rounds=rounds)
     out.write_text(json.dumps({"meta": meta, "runs": runs, "rows": rows, "controller": decisions}, indent=2))
     ks = sorted({r["k"] for r in rows if r["method"] == "eagle3"})
     levels = sorted({r["concurrency"] for r in rows})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,14 +117,25 @@ def wait_for_quiet_cpu(busy_percent: float = 20.0, timeout: float = 10.0) -> tup
     return time.perf_counter() - t0, False
 
 
-def closed_loop(address: str, prompts: list[str], concurrency: int, max_tokens: int = MAX_TOKENS) -> dict:
-    """Run `prompts` through `concurrency` client threads, starting on a quiet machine
-    (`wait_for_quiet_cpu`); totals, wall time and `busy_start` (the machine never went
-    quiet: something besides the benchmark is using the CPU, and the benchmarks say so)."""
+def closed_loop(
+    address: str,
+    prompts: list[str],
+    concurrency: int,
+    max_tokens: int = MAX_TOKENS,
+    *,
+    n: int = 1,
+    history: Mapping[str, list[list[int]]] | None = None,
+) -> dict:
+    """Run `prompts` (n samples each, with earlier responses from `history` carried as
+    Prompt.history) through `concurrency` client threads, starting on a quiet machine
+    (`wait_for_quiet_cpu`); totals, wall time, `busy_start` (the machine never went quiet:
+    something besides the benchmark is using the CPU, and the benchmarks say so) and the
+    `responses` per prompt."""
     _, quiet = wait_for_quiet_cpu()
     lock = threading.Lock()
     queue = list(reversed(prompts))
     totals = {"tokens": 0, "drafts": 0, "accepted": 0, "requests": 0}
+    responses: dict[str, list[list[int]]] = {}
     errors: list[BaseException] = []
 
     def worker() -> None:
@@ -133,17 +145,21 @@ def closed_loop(address: str, prompts: list[str], concurrency: int, max_tokens: 
                     if not queue:
                         return
                     prompt = queue.pop()
+                carried = [(history or {}).get(prompt, [])]
                 try:
-                    resp = c.generate([prompt], max_tokens=max_tokens, temperature=TEMPERATURE)
+                    resp = c.generate(
+                        [prompt], n=n, max_tokens=max_tokens, temperature=TEMPERATURE, history=carried
+                    )
                 except BaseException as e:  # reported after the threads join
                     errors.append(e)
                     return
-                s = resp.samples[0]
                 with lock:
-                    totals["tokens"] += len(s.token_ids)
-                    totals["drafts"] += s.acceptance.drafts
-                    totals["accepted"] += s.acceptance.accepted_tokens
+                    for s in resp.samples:
+                        totals["tokens"] += len(s.token_ids)
+                        totals["drafts"] += s.acceptance.drafts
+                        totals["accepted"] += s.acceptance.accepted_tokens
                     totals["requests"] += 1
+                    responses[prompt] = [list(s.token_ids) for s in resp.samples]
 
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     t0 = time.perf_counter()
@@ -154,7 +170,7 @@ def closed_loop(address: str, prompts: list[str], concurrency: int, max_tokens: 
     seconds = time.perf_counter() - t0
     if errors:
         raise errors[0]
-    return {**totals, "seconds": seconds, "busy_start": not quiet}
+    return {**totals, "seconds": seconds, "busy_start": not quiet, "responses": responses}
 
 
 def forward_costs(repeats: int = 200) -> dict[str, float]:

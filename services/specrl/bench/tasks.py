@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from specrl.bench.rollout import MAX_TOKENS, zoo_test_prompts
+from specrl.bench.report import machine
+from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, zoo_test_prompts
 
 
 @dataclass(frozen=True)
@@ -52,3 +53,13 @@ def task_prompts(tasks: list[Task], count: int, console: Console) -> list[str]:
     if any(t.zoo for t in tasks):
         build_think(console=console)
     return prompts
+
+
+def bench_meta(**extra: object) -> dict:
+    """What a task benchmark's output records about how it measured, with `extra`."""
+    return {
+        "machine": machine(),
+        "max_tokens": {t.name: t.max_tokens for t in TASKS.values()},
+        "temperature": TEMPERATURE,
+        **extra,
+    }

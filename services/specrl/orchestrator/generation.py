@@ -310,6 +310,11 @@ class Generators:
         """Per replica of the generators now: the Generate calls it may have in flight."""
         return dict(self._slots)
 
+    def reading(self) -> set[str]:
+        """Replicas joined whose status (capacity, speculation) is still being read: they
+        get no work until it is."""
+        return set(self._reading)
+
     def replica_idle_seconds(self) -> dict[str, float]:
         """Per replica of the run now: total time so far with no call in flight on it
         (one idle replica among many is invisible in `idle_seconds`)."""
