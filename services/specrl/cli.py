@@ -520,6 +520,35 @@ def bench_history(
     )
 
 
+@bench_app.command("staleness")
+def bench_staleness(
+    out: Path = typer.Option(Path("docs/bench/staleness.json"), help="JSON output (Markdown beside)."),
+    segments: int = typer.Option(3, min=1, help="RL segments; measured at step 0 and after each."),
+    steps: int = typer.Option(4, min=1, help="RL steps per segment (draft adapted online)."),
+    k: int = typer.Option(3, min=1, help="Draft length of every speculative server."),
+    concurrency: str = typer.Option("4", help="Comma-separated sequences in flight."),
+    rounds: int = typer.Option(2, min=1, help="Counted rounds per measurement (after one warm-up round)."),
+    tasks: str = typer.Option(
+        "rl-zero,rl-think",
+        help="Comma-separated columns: rl-zero, rl-think (builds the zoo's RL-Think variant).",
+    ),
+) -> None:
+    """Frozen EAGLE-3 draft and frozen history against the policy as RL moves it, beside
+    the draft adapted online and history renewed: acceptance and speedup vs policy steps."""
+    from specrl.bench.staleness import run_staleness_bench
+
+    run_staleness_bench(
+        out,
+        segments=segments,
+        steps=steps,
+        k=k,
+        concurrency=[int(c) for c in concurrency.split(",")],
+        tasks=_tasks(tasks),
+        rounds=rounds,
+        console=console,
+    )
+
+
 def _tasks(names: str) -> list[str]:
     """The benchmark tasks named (comma-separated), checked."""
     from specrl.bench.tasks import pick_tasks

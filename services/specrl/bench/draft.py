@@ -60,10 +60,18 @@ TABLE_COLUMNS = (
 
 
 def rl_run_config(
-    task: Task, init: str, steps: int, root: Path, *, policy: str = "", adapt: bool = True, name: str = ""
+    task: Task,
+    init: str,
+    steps: int,
+    root: Path,
+    *,
+    policy: str = "",
+    draft: str = "",
+    adapt: bool = True,
+    name: str = "",
 ) -> RunConfig:
     """A short sync RL run of `policy` (default: the task's zoo target) with EAGLE-3 from
-    `init`, adapted online (`adapt`) or frozen."""
+    `draft` (default: the zoo's `init` head), adapted online (`adapt`) or frozen."""
     policy = policy or f"zoo:{task.zoo}target"
     return RunConfig.model_validate(
         {
@@ -84,7 +92,7 @@ def rl_run_config(
                     "speculation": {
                         "method": "eagle3",
                         "num_speculative_tokens": 3,
-                        "draft": f"zoo:{task.zoo}{init}",
+                        "draft": draft or f"zoo:{task.zoo}{init}",
                     },
                     "self_test": {"enabled": False},
                 }

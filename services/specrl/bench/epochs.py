@@ -1,0 +1,207 @@
+"""What `bench history` and `bench staleness` share: a task's rollout servers of one
+policy version measured together, in a warm-up round and counted rounds of balanced
+orders (as `bench draft`), with each prompt's responses of an earlier version carried to
+the servers that draft from history (Prompt.history, as the orchestrator carries them:
+orchestrator/carry.py), and rows paired with AR and EAGLE-3 alone in the same rounds.
+
+A request samples a group (n = GROUP samples, siblings of each other; fewer below that
+concurrency); concurrency counts sequences in flight: c/n client threads. Every (round,
+concurrency) measurement has prompts of its own, the same at every version, so a prompt
+comes back once per version, as RL's prompts come back once per epoch."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import tempfile
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rich.console import Console
+
+from specrl.bench.adaptive import balanced_orders, paired_ratio, verdict
+from specrl.bench.draft import bench_server
+from specrl.bench.rollout import closed_loop
+from specrl.bench.tasks import TASKS, Task, bench_meta, pick_tasks, task_prompts
+from specrl.launcher import ServiceProcess, start_all
+from specrl.tables import markdown_table, print_table
+
+GROUP = 4  # samples per request (a GRPO group)
+Responses = dict[str, list[list[int]]]  # prompt -> its responses
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One server of a version: `name` in the rows, its speculation, and which earlier
+    responses it is carried: "" none, "last" the previous version's, "first" version 0's
+    (history written by a policy ever further away)."""
+
+    name: str
+    method: str
+    draft: str = ""
+    history: dict | None = None
+    carry: Literal["", "last", "first"] = ""
+
+
+# A benchmark's next version of a task: (its label, e.g. the epoch or policy step; the
+# policy; the cells to measure), from the version's index and a scratch directory.
+Advance = Callable[[Task, int, Path], tuple[int, str, list["Cell"]]]
+
+
+def run_over_versions(
+    out: Path,
+    advance: Advance,
+    *,
+    versions: int,
+    keys: tuple[str, str],
+    columns: tuple[str, ...],
+    meta: dict,
+    k: int,
+    concurrency: list[int],
+    tasks: list[str] | None,
+    rounds: int,
+    console: Console,
+    versus: str = "",
+) -> list[dict]:
+    """For each task (names in TASKS; None: all) and each of `versions` versions, measure
+    the cells `advance` gives, carrying earlier responses as each cell asks. Rows name the
+    cell and the version by `keys` (cell key, version key); written to `out` (JSON, and
+    Markdown beside) after every version, so a long run that fails keeps what it did."""
+    chosen = [TASKS[name] for name in pick_tasks(tasks)]
+    prompts = prompt_sets(task_prompts(chosen, pool_size(concurrency, rounds), console), concurrency, rounds)
+    cell_key, version_key = keys
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="specrl-bench-") as tmp:
+        for task in chosen:
+            carried: dict[str, Responses] = {}
+            for index in range(versions):
+                label, policy, cells = advance(task, index, Path(tmp))
+                console.print(f"[bold]{task.name}[/bold]: {version_key} {label}: measuring")
+                done, written = measure(
+                    policy, k, cells, prompts, concurrency, rounds, carried, task.max_tokens, console
+                )
+                carried = {"first": carried.get("first", written), "last": written}
+                got = [
+                    {"task": task.name, version_key: label, cell_key: r.pop("name")} | r
+                    for r in paired_rows(cells, done, concurrency, versus)
+                ]
+                for row in got:
+                    console.print(
+                        f"    {row[cell_key]:<16} c={row['concurrency']:<3} {row['tokens_per_s']:>8.1f} tok/s"
+                        f"  AL {row['acceptance_length']:.2f}  {row['speedup_vs_ar']:.2f}x AR {row['vs_ar']}"
+                        f"  {row.get(f'vs_{versus}', '')}"
+                    )
+                rows += got
+                out.parent.mkdir(parents=True, exist_ok=True)
+                full_meta = bench_meta(k=k, group=GROUP, rounds=rounds, **meta)
+                out.write_text(json.dumps({"meta": full_meta, "rows": rows}, indent=2))
+                out.with_suffix(".md").write_text(markdown_table(rows, columns) + "\n")
+    print_table(rows, columns, out.stem, console)
+    return rows
+
+
+def group(c: int) -> int:
+    return min(GROUP, c)
+
+
+def threads(c: int) -> int:
+    return max(1, c // group(c))
+
+
+def requests_per_level(c: int) -> int:
+    """Requests of one measurement at concurrency c: two per client thread, at least 4."""
+    return max(4, 2 * threads(c))
+
+
+def prompt_sets(pool: list[str], levels: list[int], rounds: int) -> dict[tuple[int, int], list[str]]:
+    """Each (round, level) its own prompts from `pool` (warm-up round 0 included)."""
+    share = iter(pool)
+    return {
+        (rnd, c): list(itertools.islice(share, requests_per_level(c)))
+        for rnd in range(rounds + 1)
+        for c in levels
+    }
+
+
+def pool_size(levels: list[int], rounds: int) -> int:
+    return (rounds + 1) * sum(requests_per_level(c) for c in levels)
+
+
+def measure(
+    policy: str,
+    k: int,
+    cells: list[Cell],
+    prompts: dict[tuple[int, int], list[str]],
+    levels: list[int],
+    rounds: int,
+    carried: dict[str, Responses],
+    max_tokens: int,
+    console: Console,
+) -> tuple[dict[tuple[int, int], list[dict]], Responses]:
+    """Every cell's server of `policy` up at once; closed-loop results per (cell index,
+    level) over the counted rounds, and AR's responses per prompt (what this version wrote,
+    for later versions to carry: cells[0] is AR). `carried[cell.carry]`: the responses a
+    cell is carried."""
+    procs = [ServiceProcess(bench_server(policy, c.method, c.draft, k, False, c.history)) for c in cells]
+    done: dict[tuple[int, int], list[dict]] = {}
+    written: Responses = {}
+    with ExitStack() as stack:
+        for proc in procs:
+            stack.callback(proc.stop)
+        start_all(procs)
+        orders = itertools.cycle(balanced_orders(len(procs)))
+        for rnd in range(rounds + 1):
+            for c in levels:
+                for i in next(orders):
+                    r = closed_loop(
+                        procs[i].address,
+                        prompts[(rnd, c)],
+                        threads(c),
+                        max_tokens,
+                        n=group(c),
+                        history=carried.get(cells[i].carry) if cells[i].carry else None,
+                    )
+                    if i == 0:
+                        written |= r["responses"]
+                    if rnd:
+                        done.setdefault((i, c), []).append(r)
+            console.print(f"    round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
+    return done, written
+
+
+def paired_rows(
+    cells: list[Cell], done: dict[tuple[int, int], list[dict]], levels: list[int], versus: str = ""
+) -> list[dict]:
+    """Per level and cell: the median rate, acceptance length and the rate paired with
+    AR's (cells[0]) in the same rounds, and with cell `versus`'s for the cells drafting
+    from history."""
+    rows = []
+    for c in levels:
+        rate = {cell.name: [r["tokens"] / r["seconds"] for r in done[(i, c)]] for i, cell in enumerate(cells)}
+        for i, cell in enumerate(cells):
+            results = done[(i, c)]
+            drafts = sum(r["drafts"] for r in results)
+            ratio, lo, hi = paired_ratio(rate[cell.name], rate[cells[0].name])
+            row = {
+                "name": cell.name,
+                "concurrency": c,
+                "tokens_per_s": round(statistics.median(rate[cell.name]), 1),
+                "acceptance_length": round(1 + sum(r["accepted"] for r in results) / drafts, 3)
+                if drafts
+                else 1.0,
+                "speedup_vs_ar": round(ratio, 3),
+                "rounds": len(results),
+                "ci_low": round(lo, 3),
+                "ci_high": round(hi, 3),
+                "vs_ar": verdict(lo, hi) if i else "",
+                "busy_starts": sum(r["busy_start"] for r in results),
+            }
+            if versus and cell.history is not None and cell.name != versus:
+                v_ratio, v_lo, v_hi = paired_ratio(rate[cell.name], rate[versus])
+                row |= {f"speedup_vs_{versus}": round(v_ratio, 3), f"vs_{versus}": verdict(v_lo, v_hi)}
+            rows.append(row)
+    return rows

@@ -1,0 +1,95 @@
+"""`specrl bench staleness`: how fast a frozen draft goes stale as RL moves the policy
+away from the one the draft was made for, beside the draft adapted online, one run.
+
+For each task a real RL run (`specrl run`, every service a real process, EAGLE-3 from the
+domain draft with the draft-trainer adapting it online) is taken in `segments` of `steps`
+synchronous steps, each segment continuing the last one's policy and adapted draft. At
+policy step 0 and after each segment, fresh rollout servers of the policy at that step are
+measured together (bench/epochs.py): AR; EAGLE-3 with the draft frozen at step 0 and with
+the draft adapted up to that step; the history drafter carried the responses written at
+step 0 (history frozen: ever older) and those of the previous measurement (history
+renewed, as RL renews it each epoch). The curve of acceptance length and speedup over AR
+against policy steps says whether a draft is worth keeping, adapting or renewing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from specrl.bench.draft import rl_run_config
+from specrl.bench.epochs import Cell, run_over_versions
+from specrl.bench.tasks import Task
+
+INIT = "eagle3-domain"
+
+TABLE_COLUMNS = (
+    "task",
+    "step",
+    "draft",
+    "concurrency",
+    "tokens_per_s",
+    "acceptance_length",
+    "speedup_vs_ar",
+    "vs_ar",
+)
+
+
+def cells(frozen: str, adapted: str) -> list[Cell]:
+    return [
+        Cell("ar", "none"),
+        Cell("eagle3-frozen", "eagle3", frozen),
+        Cell("eagle3-adapted", "eagle3", adapted),
+        Cell("history-frozen", "history", history={}, carry="first"),
+        Cell("history-renewed", "history", history={}, carry="last"),
+    ]
+
+
+def run_staleness_bench(
+    out: Path,
+    *,
+    segments: int = 3,
+    steps: int = 4,
+    k: int = 3,
+    concurrency: list[int],
+    tasks: list[str] | None = None,
+    rounds: int = 2,
+    console: Console | None = None,
+) -> list[dict]:
+    """`tasks`: names in TASKS (default: all), measured in that order."""
+    from specrl.orchestrator.run import run
+
+    console = console or Console(stderr=True)
+    state: dict[str, tuple[str, str]] = {}  # per task: the policy and adapted draft so far
+
+    def advance(task: Task, segment: int, tmp: Path) -> tuple[int, str, list[Cell]]:
+        frozen, step = f"zoo:{task.zoo}{INIT}", segment * steps
+        if not segment:
+            state[task.name] = (f"zoo:{task.zoo}target", frozen)
+        else:
+            console.print(f"[bold]{task.name}[/bold]: RL steps {step - steps + 1}-{step}, draft adapted")
+            policy, adapted = state[task.name]
+            cfg = rl_run_config(
+                task, INIT, steps, tmp, policy=policy, draft=adapted, name=f"{task.name}-s{step}"
+            )
+            result = run(cfg, console=console, metrics=False)
+            if (result.run_dir / "draft" / "config.json").is_file():  # else every candidate held back
+                adapted = str(result.run_dir / "draft")
+            state[task.name] = (str(Path(result.checkpoint) / "hf"), adapted)
+        policy, adapted = state[task.name]
+        return step, policy, cells(frozen, adapted)
+
+    return run_over_versions(
+        out,
+        advance,
+        versions=segments + 1,
+        keys=("draft", "step"),
+        columns=TABLE_COLUMNS,
+        meta={"rl_steps_per_segment": steps},
+        k=k,
+        concurrency=concurrency,
+        tasks=tasks,
+        rounds=rounds,
+        console=console,
+    )
