@@ -120,20 +120,25 @@ class HistoryConfig(StrictModel):
     max_tokens: int = Field(4_000_000, ge=1)
     max_age: int = Field(8, ge=0)  # policy updates a response is kept across
     # With a draft model (method eagle3 or draft_model): each request's draft comes from
-    # history where history drafts at least `hybrid_min_draft` tokens, from the draft model
-    # otherwise (the first epoch, new prompts); rollout/engines/vllm/history.py.
+    # history where history has a confident match, from the draft model otherwise (the
+    # first epoch, new prompts): where the request's last `hybrid_min_match` tokens at
+    # least agree with history's and history drafts `hybrid_min_draft` tokens at least
+    # (rollout/engines/vllm/history.py).
     hybrid: bool = False
     hybrid_min_draft: int = Field(2, ge=1)
+    hybrid_min_match: int = Field(8, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> HistoryConfig:
         if self.min_match > self.max_depth:
             raise ValueError("speculation.history.min_match must be <= max_depth")
+        if self.hybrid_min_match > self.max_depth:
+            raise ValueError("speculation.history.hybrid_min_match must be <= max_depth (tokens compared)")
         return self
 
     def index_settings(self) -> dict:
         """The settings of the index itself (specrl.rollout.history.HistoryIndex)."""
-        return self.model_dump(exclude={"hybrid", "hybrid_min_draft"})
+        return self.model_dump(exclude={"hybrid", "hybrid_min_draft", "hybrid_min_match"})
 
 
 class SpeculationConfig(StrictModel):

@@ -50,9 +50,9 @@ NGRAM = {"prompt_lookup_min": 1}
 # setting's, as responses written by an older policy are.
 HISTORY = {"history": {"min_match": 1}}
 # EAGLE-3 hybrid with history: a request step drafts from history when history has even
-# one token (so both sources draft, and a row's later positions can come from EAGLE-3
+# one token on a one-token match (so both sources draft, and a row's later positions can come from EAGLE-3
 # after history's first); the test checks that both did.
-HYBRID = {"history": {"min_match": 1, "hybrid": True, "hybrid_min_draft": 1}}
+HYBRID = {"history": {"min_match": 1, "hybrid": True, "hybrid_min_draft": 1, "hybrid_min_match": 1}}
 METHODS = [
     ("draft_model", 1, "zoo:draft", None),
     ("ngram", 1, None, NGRAM),

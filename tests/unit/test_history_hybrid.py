@@ -48,9 +48,9 @@ class _Runner:
         return torch.full((len(sampled_token_ids), 3), MODEL_TOKEN, dtype=torch.int32)
 
 
-def _hybrid(min_draft: int) -> tuple[_Runner, object]:
+def _hybrid(min_draft: int, min_match: int = 1) -> tuple[_Runner, object]:
     runner = _Runner()
-    history = install_hybrid(runner, {"min_match": 1}, min_draft)
+    history = install_hybrid(runner, {"min_match": 1}, min_draft, min_match)
     runner.batch({"a": [*PROMPT, 5, 6, 7, 8]})  # an earlier response to the prompt
     runner.propose_draft_token_ids(None, [[8]])
     return runner, history
@@ -71,6 +71,15 @@ def test_a_match_shorter_than_min_draft_leaves_the_models_draft():
     runner.batch({"b": [*PROMPT, 5, 6]})
     assert runner.propose_draft_token_ids(None, [[6]]).tolist() == [[MODEL_TOKEN] * 3]
     assert history.rows["history"] == 0
+
+
+def test_a_match_over_fewer_than_min_match_tokens_leaves_the_models_draft():
+    """ "b"'s six tokens so far agree with "a"'s over all six: confident at min_match 6,
+    not at 7 (its context has no seventh token to agree on)."""
+    for min_match, expected in ((6, [7, 8, MODEL_TOKEN]), (7, [MODEL_TOKEN] * 3)):
+        runner, _ = _hybrid(min_draft=1, min_match=min_match)
+        runner.batch({"b": [*PROMPT, 5, 6]})
+        assert runner.propose_draft_token_ids(None, [[6]]).tolist() == [expected], min_match
 
 
 def test_draft_probabilities_are_refused():

@@ -28,9 +28,9 @@ from specrl.bench.epochs import Cell, run_over_versions
 from specrl.bench.tasks import Task
 
 INIT = "eagle3-domain"
-# history's settings in this bench: its defaults, the hybrid taking history's draft where
-# it has at least 2 tokens
-HYBRID = {"hybrid": True, "hybrid_min_draft": 2}
+# history's settings in this bench: its defaults (the hybrid takes history's draft where it
+# matches over 8 tokens and drafts 2 at least)
+HYBRID = {"hybrid": True}
 
 TABLE_COLUMNS = (
     "task",

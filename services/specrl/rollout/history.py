@@ -117,16 +117,18 @@ class HistoryIndex:
 
     # -- drafting ---------------------------------------------------------------------
 
-    def propose(self, key: bytes, seq: int, context: Sequence[int], k: int) -> list[int]:
+    def propose(self, key: bytes, seq: int, context: Sequence[int], k: int, min_depth: int = 0) -> list[int]:
         """Up to `k` draft tokens after `context` (the request's prompt and response so
-        far) for its response sequence `seq`; [] when history has no match."""
+        far) for its response sequence `seq`; [] when history has no match, or none whose
+        preceding tokens agree with the context's over at least `min_depth` tokens (a
+        confident match: the hybrid's test)."""
         p = self._prompts.get(key)
         if p is None or len(context) < self.min_match or k <= 0:
             return []
         own_end = len(p.sequences[seq].tokens) if seq in p.sequences else -1
         context = [int(t) for t in context]
         draft: list[int] = []
-        candidates = self._matches(p, seq, own_end, context)
+        candidates = self._matches(p, seq, own_end, context, min_depth)
         while candidates and len(draft) < k:
             following = Counter(p.sequences[i].tokens[pos] for i, pos in candidates)
             token, count = following.most_common(1)[0]
@@ -139,12 +141,15 @@ class HistoryIndex:
                 if p.sequences[i].tokens[pos] == token and pos + 1 < len(p.sequences[i].tokens)
             ]
             if not candidates:  # every match ended: look the draft's own tail up afresh
-                candidates = self._matches(p, seq, own_end, context + draft)
+                candidates = self._matches(p, seq, own_end, context + draft, min_depth)
         return draft
 
-    def _matches(self, p: _Prompt, seq: int, own_end: int, context: list[int]) -> list[tuple[int, int]]:
-        """The indexed positions whose preceding tokens match the context's end longest
-        (the request's own end excepted), the most recent MAX_CANDIDATES compared."""
+    def _matches(
+        self, p: _Prompt, seq: int, own_end: int, context: list[int], min_depth: int
+    ) -> list[tuple[int, int]]:
+        """The indexed positions whose preceding tokens match the context's end longest,
+        over `min_depth` tokens at least (the request's own end excepted), the most recent
+        MAX_CANDIDATES compared."""
         if len(context) < self.min_match:
             return []
         tail = tuple(context[-self.min_match :])
@@ -153,13 +158,14 @@ class HistoryIndex:
             for i, pos in reversed(p.index.get(tail, ()))
             if i in p.sequences and not (i == seq and pos == own_end)
         ]
-        return self._longest(p, found[:MAX_CANDIDATES], context)
+        best, out = self._longest(p, found[:MAX_CANDIDATES], context)
+        return out if best >= min_depth else []
 
     def _longest(
         self, p: _Prompt, found: list[tuple[int, int]], context: Sequence[int]
-    ) -> list[tuple[int, int]]:
+    ) -> tuple[int, list[tuple[int, int]]]:
         """The candidates whose preceding tokens match the context longest, with a token
-        to follow them."""
+        to follow them, and over how many tokens they match."""
         best, out = 0, []
         for i, pos in found:
             tokens = p.sequences[i].tokens
@@ -174,7 +180,7 @@ class HistoryIndex:
                 best, out = n, [(i, pos)]
             elif n == best:
                 out.append((i, pos))
-        return out
+        return best, out
 
     # -- bookkeeping ------------------------------------------------------------------
 

@@ -190,7 +190,8 @@ class VllmEngine:
         if self._history is None:
             return
         h = self._history
-        args = (h.index_settings(), h.hybrid_min_draft if h.hybrid else None)
+        hybrid = {"min_draft": h.hybrid_min_draft, "min_match": h.hybrid_min_match} if h.hybrid else None
+        args = (h.index_settings(), hybrid)
         if not all(await self._llm.collective_rpc("specrl_attach_history", args=args)):
             raise RuntimeError("the engine's drafter cannot draft from history (speculation.history)")
 

@@ -13,7 +13,8 @@ history on this replica.
 Hybrid with a draft model (`speculation.history.hybrid`, method eagle3 or draft_model):
 the model runner keeps the draft model as its proposer, and the worker extension wraps
 the runner's `propose_draft_token_ids` (`install_hybrid`): after the draft model has
-drafted the batch, each row for which history drafts at least `min_draft` tokens takes
+drafted the batch, each row for which history has a confident match (its context agrees
+with history's over `min_match` tokens at least) and drafts `min_draft` tokens at least takes
 history's tokens in its first positions. Lossless: specrl runs the draft model with
 vLLM's greedy draft sampling (its default), so both drafts are deterministic functions of
 the request's tokens so far, and whichever fills a position, the rejection sampler
@@ -61,6 +62,7 @@ class HistoryProposer:
         token_ids_cpu,
         slot_mappings=None,
         k: int | None = None,
+        min_depth: int = 0,
     ) -> list[list[int]]:
         if self.runner is None:
             return [[] for _ in sampled_token_ids]
@@ -78,7 +80,7 @@ class HistoryProposer:
             self._requests[req_id] = (key, seq, n)
             k_row = min(self.k if k is None else k, self.max_model_len - n - 1)
             context = token_ids_cpu[i, max(0, n - self.index.max_depth) : n].tolist()
-            drafts.append(self.index.propose(key, seq, context, k_row))
+            drafts.append(self.index.propose(key, seq, context, k_row, min_depth))
         for req_id in self._requests.keys() - batch.req_id_to_index.keys():  # ended
             key, seq, _ = self._requests.pop(req_id)
             self.index.finish(key, seq)
@@ -106,8 +108,10 @@ def prompt_key(prompt: Any) -> bytes:
     return hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=16).digest()
 
 
-def install_hybrid(runner: Any, settings: dict, min_draft: int) -> HistoryProposer:
-    """Overlay history's drafts on the draft model's (module docstring) in `runner`."""
+def install_hybrid(runner: Any, settings: dict, min_draft: int, min_match: int) -> HistoryProposer:
+    """Overlay history's drafts on the draft model's (module docstring) in `runner`: a
+    row's where history matches its context over `min_match` tokens at least and drafts
+    `min_draft` tokens at least."""
     history = HistoryProposer(runner.vllm_config)
     history.attach(runner, settings)
     propose_model = runner.propose_draft_token_ids
@@ -121,7 +125,11 @@ def install_hybrid(runner: Any, settings: dict, min_draft: int) -> HistoryPropos
             )
         batch = runner.input_batch
         found = history.propose(
-            sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=drafts.shape[1]
+            sampled_token_ids,
+            batch.num_tokens_no_spec,
+            batch.token_ids_cpu,
+            k=drafts.shape[1],
+            min_depth=min_match,
         )
         rows = [i for i, d in enumerate(found) if len(d) >= min_draft]
         history.rows["history"] += len(rows)

@@ -41,19 +41,20 @@ class SpecrlWorkerExtension:
         setattr(drafter, PAUSED, paused)
         return paused
 
-    def specrl_attach_history(self, settings: dict, hybrid_min_draft: int | None) -> bool:
+    def specrl_attach_history(self, settings: dict, hybrid: dict | None) -> bool:
         """Start drafting from history (history.py): give the history drafter (method
-        history) the model runner and its settings, or, with `hybrid_min_draft`, overlay
-        history's drafts on the draft model's. False when there is nothing to attach to."""
+        history) the model runner and its settings, or, with `hybrid` (install_hybrid's
+        min_draft and min_match), overlay history's drafts on the draft model's. False
+        when there is nothing to attach to."""
         from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
         from specrl.rollout.engines.vllm.history import HistoryProposer, install_hybrid
 
         runner = self.model_runner  # type: ignore[attr-defined]
         drafter = getattr(runner, "drafter", None)
-        if hybrid_min_draft is not None and isinstance(drafter, SpecDecodeBaseProposer):
-            install_hybrid(runner, settings, hybrid_min_draft)
-        elif hybrid_min_draft is None and isinstance(drafter, HistoryProposer):
+        if hybrid is not None and isinstance(drafter, SpecDecodeBaseProposer):
+            install_hybrid(runner, settings, **hybrid)
+        elif hybrid is None and isinstance(drafter, HistoryProposer):
             drafter.attach(runner, settings)
         else:
             return False
