@@ -461,6 +461,14 @@ def bench_adaptive(
     )
 
 
+# options several task benchmarks take
+TASKS_OPTION = typer.Option(
+    "rl-zero,rl-think",
+    help="Comma-separated columns: rl-zero, rl-think (builds the zoo's RL-Think variant).",
+)
+K_OPTION = typer.Option(3, min=1, help="Draft length of every speculative server.")
+
+
 @bench_app.command("draft")
 def bench_draft(
     out: Path = typer.Option(Path("docs/bench/draft.json"), help="JSON output (Markdown and PNG beside)."),
@@ -469,10 +477,7 @@ def bench_draft(
     concurrency: str = typer.Option("1,4", help="Comma-separated concurrency levels."),
     prompts: int = typer.Option(32, min=8, help="Prompts per concurrency level (rl-think: half)."),
     rounds: int = typer.Option(3, min=1, help="Counted rounds (after one warm-up round)."),
-    tasks: str = typer.Option(
-        "rl-zero,rl-think",
-        help="Comma-separated columns: rl-zero, rl-think (builds the zoo's RL-Think variant).",
-    ),
+    tasks: str = TASKS_OPTION,
 ) -> None:
     """Task (RL-Zero, RL-Think) x draft init (domain, generic) x k x online adaptation (off,
     on after an RL run), n-gram and the adaptive controller; each run's servers measured
@@ -496,13 +501,10 @@ def bench_history(
     out: Path = typer.Option(Path("docs/bench/history.json"), help="JSON output (Markdown beside)."),
     epochs: int = typer.Option(3, min=1, help="Epochs measured (the first on the initial policy)."),
     steps: int = typer.Option(4, min=1, help="RL steps that move the policy between epochs."),
-    k: int = typer.Option(3, min=1, help="Draft length of every speculative server."),
+    k: int = K_OPTION,
     concurrency: str = typer.Option("1,4,16,64", help="Comma-separated sequences in flight."),
     rounds: int = typer.Option(2, min=1, help="Counted rounds per epoch (after one warm-up round)."),
-    tasks: str = typer.Option(
-        "rl-zero,rl-think",
-        help="Comma-separated columns: rl-zero, rl-think (builds the zoo's RL-Think variant).",
-    ),
+    tasks: str = TASKS_OPTION,
 ) -> None:
     """AR, EAGLE-3 alone, the history drafter and the hybrid over the epochs of a real RL
     run (the policy trained between epochs), each epoch's history carried from the last."""
@@ -525,13 +527,10 @@ def bench_staleness(
     out: Path = typer.Option(Path("docs/bench/staleness.json"), help="JSON output (Markdown beside)."),
     segments: int = typer.Option(3, min=1, help="RL segments; measured at step 0 and after each."),
     steps: int = typer.Option(4, min=1, help="RL steps per segment (draft adapted online)."),
-    k: int = typer.Option(3, min=1, help="Draft length of every speculative server."),
+    k: int = K_OPTION,
     concurrency: str = typer.Option("4", help="Comma-separated sequences in flight."),
     rounds: int = typer.Option(2, min=1, help="Counted rounds per measurement (after one warm-up round)."),
-    tasks: str = typer.Option(
-        "rl-zero,rl-think",
-        help="Comma-separated columns: rl-zero, rl-think (builds the zoo's RL-Think variant).",
-    ),
+    tasks: str = TASKS_OPTION,
 ) -> None:
     """Frozen EAGLE-3 draft and frozen history against the policy as RL moves it, beside
     the draft adapted online and history renewed: acceptance and speedup vs policy steps."""

@@ -675,7 +675,8 @@ class Generators:
         if self.metrics and wait is not None:
             self.metrics.generation_queue_wait.labels(replica=replica).observe(wait)
         carry = self.carry if replica in self._history_replicas else None
-        history = carry.to_send(replica, prompt_key(group)) if carry else []
+        key = prompt_key(group) if carry else b""
+        history = carry.to_send(replica, key) if carry else []
         if history and self.metrics:
             self.metrics.history_carried_tokens.inc(sum(map(len, history)))
         try:
@@ -733,7 +734,7 @@ class Generators:
             await self._give_back(delivery)
             return
         if carry:
-            carry.generated(replica, prompt_key(group), [x.token_ids for x in resp.samples])
+            carry.generated(replica, key, [x.token_ids for x in resp.samples])
         t1 = time.perf_counter()
         samples = await self._blocking(lambda: [self._sample(x, group.answer) for x in resp.samples])
         reward_seconds = time.perf_counter() - t1
