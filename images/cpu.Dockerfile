@@ -7,14 +7,15 @@
 
 FROM python:3.11.10-slim-bookworm AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends make=4.3-* \
+    && apt-get install -y --no-install-recommends make=4.3-* g++=4:12.2.0-* \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/specrl
 COPY pyproject.toml README.md Makefile ./
 COPY scripts ./scripts
 COPY proto ./proto
 COPY services ./services
-# redis-server is installed in the runtime stage; setup.sh only needs it present
+# redis-server is installed in the runtime stage; setup.sh only needs it present (g++
+# builds arctic-inference there: the runtime stage needs only its libstdc++, apt's too)
 RUN mkdir -p /tmp/bin && ln -s /bin/true /tmp/bin/redis-server \
     && PATH=/tmp/bin:$PATH SPECRL_ENGINE=cpu bash scripts/setup.sh \
     && rm -rf /tmp/bin /root/.cache

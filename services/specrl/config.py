@@ -112,11 +112,17 @@ class HistoryConfig(StrictModel):
     earlier responses to the same prompt on this replica."""
 
     min_match: int = Field(2, ge=1)  # tokens a match needs at least
-    max_depth: int = Field(16, ge=1)  # tokens a match is compared over at most
-    min_share: float = Field(0.3, gt=0, le=1)  # of the matches a draft token must follow
+    # tokens the suffix trees hold per suffix: a match and its draft span at most this
+    max_depth: int = Field(16, ge=2, le=64)
+    # a draft token's estimated probability (the product of the branch shares that lead
+    # to it) must be at least this (vLLM's suffix_decoding_min_token_prob)
+    min_token_prob: float = Field(0.1, gt=0, le=1)
+    # a match of m tokens drafts at most max_spec_factor * m tokens (vLLM's
+    # suffix_decoding_max_spec_factor)
+    max_spec_factor: float = Field(1.0, gt=0)
     max_sequences_per_prompt: int = Field(64, ge=1)
     max_prompts: int = Field(4096, ge=1)
-    # tokens kept over every prompt (~300 bytes each in this implementation)
+    # tokens kept over every prompt (~400 bytes each in the native suffix trees)
     max_tokens: int = Field(4_000_000, ge=1)
     max_age: int = Field(8, ge=0)  # policy updates a response is kept across
     # With a draft model (method eagle3 or draft_model): each request's draft comes from
@@ -130,10 +136,12 @@ class HistoryConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> HistoryConfig:
-        if self.min_match > self.max_depth:
-            raise ValueError("speculation.history.min_match must be <= max_depth")
-        if self.hybrid_min_match > self.max_depth:
-            raise ValueError("speculation.history.hybrid_min_match must be <= max_depth (tokens compared)")
+        if self.min_match >= self.max_depth:
+            raise ValueError("speculation.history.min_match must be < max_depth (a match and its draft)")
+        if self.hybrid_min_match >= self.max_depth:
+            raise ValueError(
+                "speculation.history.hybrid_min_match must be < max_depth (a match and its draft)"
+            )
         return self
 
     def index_settings(self) -> dict:
@@ -872,14 +880,16 @@ class DraftTrainerFleetConfig(StrictModel):
     server: DraftTrainerServerConfig = DraftTrainerServerConfig(port=0)
 
 
-CompareRun = Literal["ar", "async"]
+CompareRun = Literal["ar", "async", "hybrid"]
 
 
 class CompareConfig(StrictModel):
     """Short runs of the same job after the main one, from the same initial weights, seeds
     and prompts, reported beside it (`make demo`: the speculative run's stage breakdown
     next to AR's, and asynchronous RL's exposed generation). `ar`: the main run without
-    speculation; `async`: the main run with policy lag 1."""
+    speculation; `async`: the main run with policy lag 1; `hybrid`: the main run's draft
+    model with drafts from history where history has a confident match
+    (speculation.history.hybrid)."""
 
     runs: tuple[CompareRun, ...] = ()
     # Steps per comparison run; the side-by-side table compares the first `steps` steps of
@@ -950,6 +960,13 @@ class RunConfig(StrictModel):
             )
         if "ar" in runs and self.rollout.server.speculation.method == "none":
             raise ValueError("compare.runs: 'ar' is the main run itself (speculation.method is none)")
+        spec = self.rollout.server.speculation
+        if "hybrid" in runs and (not has_draft_model(spec.method) or spec.history.hybrid):
+            raise ValueError(
+                "compare.runs: 'hybrid' adds history to the main run's draft model: it needs "
+                f"speculation.method eagle3 or draft_model without history.hybrid (method {spec.method!r}, "
+                f"hybrid {spec.history.hybrid})"
+            )
         if "async" in runs and self.orchestrator.max_lag > 0:
             raise ValueError(
                 f"compare.runs: 'async' (lag 1) needs a synchronous main run; orchestrator.max_lag is "

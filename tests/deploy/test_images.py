@@ -12,6 +12,7 @@ import pytest
 import tomllib
 
 from specrl.rollout.engines.vllm import SUPPORTED_RELEASE
+from specrl.rollout.history import ARCTIC_INFERENCE
 
 from helpers import tool
 
@@ -94,3 +95,15 @@ def test_the_cpu_image_carries_the_zoo_the_cpu_values_name():
     assert "specrl zoo build" in build and "ENV SPECRL_HOME=/opt/specrl/home" in build
     values = (ROOT / "deploy" / "helm" / "specrl" / "values-cpu.yaml").read_text()
     assert "model: zoo:target" in values and "draft: zoo:eagle3-generic" in values
+
+
+def test_every_engine_install_builds_the_arctic_inference_the_history_drafter_names():
+    """Drafting from history needs Arctic Inference's native suffix trees, built from
+    source: setup.sh (so the CPU image, which runs it) and the GPU image build the version
+    specrl.rollout.history names, without build isolation (against the engine's torch)."""
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert f'ARCTIC_INFERENCE="{ARCTIC_INFERENCE}"' in setup
+    assert re.search(r'--no-build-isolation [^\n]*"\$ARCTIC_INFERENCE"', setup)
+    build = _stages(ROOT / "images" / "gpu.Dockerfile")["build"][1].replace("\\\n", " ")
+    assert re.search(rf"pip wheel [^\n]*--no-build-isolation[^\n]*{re.escape(ARCTIC_INFERENCE)}", build)
+    assert "scripts/setup.sh" in (ROOT / "images" / "cpu.Dockerfile").read_text()

@@ -37,7 +37,8 @@ SENDER = {"timeout_s": TIMEOUT_S, "rpc_timeout_s": 30.0, "bucket_mb": 1.0}
 PROMPTS = [p.prompt for p in task.take(6, seed=3, split="test", **ZOO_TASK)]
 
 
-def _config(core: int, **weight_sync) -> RolloutServerConfig:
+def _config(core: int, history: dict | None = None, **weight_sync) -> RolloutServerConfig:
+    eagle3 = {"method": "eagle3", "num_speculative_tokens": 3, "draft": "zoo:eagle3-domain"}
     return RolloutServerConfig.model_validate(
         {
             "port": 0,
@@ -48,7 +49,7 @@ def _config(core: int, **weight_sync) -> RolloutServerConfig:
                 "dtype": "float32",
                 "cpu_threads_bind": str(core % (os.cpu_count() or 1)),
             },
-            "speculation": {"method": "eagle3", "num_speculative_tokens": 3, "draft": "zoo:eagle3-domain"},
+            "speculation": eagle3 | ({"history": history} if history else {}),
             "self_test": {"enabled": False},  # covered by test_lossless; not what is tested here
             "weight_sync": weight_sync,
         }
@@ -115,12 +116,14 @@ def _draft_state() -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def system(servers):
-    """Two servers (the second configured to await a policy sync before serving), a
-    policy sender and a draft sender, started in parallel."""
+    """Two servers (the second configured to await a policy sync before serving, and
+    drafting hybrid with history kept for no policy update), a policy sender and a draft
+    sender, started in parallel."""
     from transformers import AutoTokenizer
 
     servers.close()  # free the shared pool's CPU for these two engines
-    procs = [ServiceProcess(_config(0)), ServiceProcess(_config(1, await_kinds=["policy"]))]
+    history = {"hybrid": True, "max_age": 0}
+    procs = [ServiceProcess(_config(0)), ServiceProcess(_config(1, history, await_kinds=["policy"]))]
     start_all(procs)
     policy = WeightSender(WeightSenderConfig(kind="policy", **SENDER))
     draft = WeightSender(WeightSenderConfig(kind="draft", **SENDER), eagle3_draft=True)
@@ -306,8 +309,12 @@ def test_replicas_join_catch_up_leave_and_rejoin(system):
     assert r2.health() == health_pb2.HealthCheckResponse.SERVING
     assert r2.status().weight_sync.policy_version == v
     assert max_logprob_gap(r2, ref, tok)[0] < 2e-3
+    prompts = sum(len(tok(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS[:3])
+    assert r2.status().speculation.history_tokens > prompts  # the prompts and their responses
 
     v = _push_policy(system, seed=14)  # both members
+    # r2 keeps history for no policy update (max_age 0): the responses went with it
+    assert r2.status().speculation.history_tokens == prompts
     for c in (r1, r2):
         assert c.status().weight_sync.policy_version == v
         assert max_logprob_gap(c, ref, tok)[0] < 2e-3

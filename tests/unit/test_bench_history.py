@@ -53,3 +53,9 @@ def test_every_round_and_level_has_prompts_of_its_own_and_the_staleness_cells_th
         "history-frozen": "first",
         "history-renewed": "last",
     }
+
+
+def test_the_eagle3_and_hybrid_cells_use_the_head_asked_for():
+    for head in ("domain", "generic"):
+        drafts = {c.name: c.draft for c in history.cells(TASKS["rl-think"], head)}
+        assert drafts["eagle3"] == drafts["hybrid"] == f"zoo:think/eagle3-{head}"

@@ -1,9 +1,10 @@
-"""`specrl bench step` turns three runs' step logs into the comparison table: checked on
+"""`specrl bench step` turns four runs' step logs into the comparison table: checked on
 synthetic step records (the runs themselves take minutes; a crash here would lose them)."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from specrl.bench.step import TABLE_COLUMNS, compare
 from specrl.orchestrator.report import BREAKDOWN
@@ -63,3 +64,13 @@ def test_a_report_compares_the_runs_it_has_when_the_named_baseline_is_missing(tm
     assert out.with_suffix(".png").stat().st_size > 10_000
     single = write_report({"main": run(2.0)}, tmp_path / "s", side_by_side=SideBySide(3, "ar")).read_text()
     assert "## Side by side" not in single
+
+
+def test_the_benchmarks_job_runs_ar_async_and_hybrid_beside_eagle3(tmp_path):
+    """The demo's job (its prompts come back every 2 steps, what history drafts from)."""
+    from specrl.bench.step import EXAMPLE, bench_config
+
+    cfg = bench_config(yaml.safe_load(EXAMPLE.read_text()), 8, tmp_path)
+    assert cfg.compare.runs == ("ar", "async", "hybrid") and cfg.compare.steps == 8
+    assert cfg.rollout.server.speculation.method == "eagle3" and cfg.orchestrator.max_lag == 0
+    assert cfg.data.task_prompts == 2 * cfg.data.prompts_per_step

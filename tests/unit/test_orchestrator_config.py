@@ -176,30 +176,37 @@ def test_the_redis_password_comes_from_the_named_environment_variable(monkeypatc
 
 
 def test_comparison_runs_change_one_thing_of_the_main_run(tmp_path):
-    """`ar` drops speculation (and the draft-trainer with it), `async` sets lag 1; both
-    keep everything else and live under the main run's directory."""
+    """`ar` drops speculation (and the draft-trainer with it), `async` sets lag 1,
+    `hybrid` adds history to the draft model; all keep everything else and live under
+    the main run's directory."""
     from specrl.orchestrator.compare import comparison, describe
 
     text = f"""
 name: m
 output_dir: {tmp_path}/{{name}}
 orchestrator: {{steps: 9, status_port: 0}}
-compare: {{runs: [ar, async], steps: 3}}
+compare: {{runs: [ar, async, hybrid], steps: 3}}
 rollout: {{server: {{speculation: {{method: eagle3, num_speculative_tokens: 4, draft: d}}}}}}
 trainer: {{server: {{trainer: {{capture: {{enabled: true}}}}}}}}
 draft_trainer: {{enabled: true}}
 """
     main = load_config(_write(tmp_path, text), RunConfig)
-    ar, lag1 = comparison(main, "ar"), comparison(main, "async")
-    labels = (describe(main), describe(ar), describe(lag1))
-    assert labels == ("eagle3 k=4, lag 0", "AR, lag 0", "eagle3 k=4, lag 1")
+    ar, lag1, hybrid = comparison(main, "ar"), comparison(main, "async"), comparison(main, "hybrid")
+    labels = (describe(main), describe(ar), describe(lag1), describe(hybrid))
+    assert labels == ("eagle3 k=4, lag 0", "AR, lag 0", "eagle3 k=4, lag 1", "eagle3+history k=4, lag 0")
+    assert hybrid.rollout.server.speculation.history.hybrid and hybrid.draft_trainer.enabled
+    assert not main.rollout.server.speculation.history.hybrid
     assert ar.run_dir == tmp_path / "m" / "compare" / "ar" and ar.name == "m-ar"
     assert ar.rollout.server.speculation.method == "none" and not ar.draft_trainer.enabled
     assert lag1.orchestrator.max_lag == 1 and lag1.draft_trainer.enabled
-    for c in (ar, lag1):
+    for c in (ar, lag1, hybrid):
         assert c.orchestrator.steps == 3 and c.orchestrator.status_port is None and not c.compare.runs
         assert c.data == main.data and c.sampling == main.sampling and c.seed == main.seed
         assert c.trainer.server.trainer.optim == main.trainer.server.trainer.optim
+    ngram = text.replace("method: eagle3, num_speculative_tokens: 4, draft: d", "method: ngram")
+    ngram = ngram.replace("draft_trainer: {enabled: true}", "")
+    with pytest.raises(ConfigError, match="'hybrid' adds history to the main run's draft model"):
+        load_config(_write(tmp_path, ngram), RunConfig)
 
 
 @pytest.mark.parametrize("other", ["--fresh", "--resume"])

@@ -6,7 +6,8 @@ measures the task's initial policy, and each later epoch first trains the previo
 for `steps` synchronous RL steps (`specrl run` on the task's training prompts, every
 service a real process, EAGLE-3 from the domain draft, frozen). Each epoch starts fresh
 rollout servers of its policy (bench/epochs.py): AR, EAGLE-3 alone, the history drafter
-alone and the hybrid (EAGLE-3 with history: speculation.history.hybrid), all at k.
+alone and the hybrid (EAGLE-3 with history: speculation.history.hybrid), all at k, the
+EAGLE-3 head the task's domain head or, with `--head generic`, its weak generic one.
 
 The measured prompts (the task's test prompts) come back once every epoch, and the
 history and hybrid servers get each prompt's responses of the previous epoch carried with
@@ -45,8 +46,10 @@ TABLE_COLUMNS = (
 )
 
 
-def cells(task: Task) -> list[Cell]:
-    draft = f"zoo:{task.zoo}{INIT}"
+def cells(task: Task, head: str = "domain") -> list[Cell]:
+    """The measured servers; `head`: the zoo's EAGLE-3 head of the eagle3 and hybrid cells
+    (domain: trained on the task; generic: a weak one, which leaves history more to add)."""
+    draft = f"zoo:{task.zoo}eagle3-{head}"
     return [
         Cell("ar", "none"),
         Cell("eagle3", "eagle3", draft),
@@ -64,9 +67,10 @@ def run_history_bench(
     concurrency: list[int],
     tasks: list[str] | None = None,
     rounds: int = 2,
+    head: str = "domain",
     console: Console | None = None,
 ) -> list[dict]:
-    """`tasks`: names in TASKS (default: all), measured in that order."""
+    """`tasks`: names in TASKS (default: all), measured in that order; `head`: cells()."""
     from specrl.orchestrator.run import run
 
     console = console or Console(stderr=True)
@@ -81,7 +85,7 @@ def run_history_bench(
                 task, INIT, steps, tmp, policy=policy[task.name], adapt=False, name=f"{task.name}-e{epoch}"
             )
             policy[task.name] = str(Path(run(cfg, console=console, metrics=False).checkpoint) / "hf")
-        return epoch, policy[task.name], cells(task)
+        return epoch, policy[task.name], cells(task, head)
 
     return run_over_versions(
         out,
@@ -89,7 +93,7 @@ def run_history_bench(
         versions=epochs,
         keys=("method", "epoch"),
         columns=TABLE_COLUMNS,
-        meta={"rl_steps_per_epoch": steps, "hybrid": HYBRID},
+        meta={"rl_steps_per_epoch": steps, "hybrid": HYBRID, "eagle3_head": head},
         k=k,
         concurrency=concurrency,
         tasks=tasks,

@@ -1,11 +1,14 @@
 """`specrl bench step`: the paper's RL step breakdown on our testbed, one run.
 
-Three configurations of the same RL job (the zoo task, GRPO, same data, seeds and batch):
-one `specrl run` and its two comparison runs (`compare.runs`), each with its own Redis,
-rollout server and trainer started from the same initial weights:
-  ar           synchronous, no speculation;
-  eagle3       synchronous, EAGLE-3 (domain init), k = 3;
-  eagle3-async asynchronous with policy lag bound 1, EAGLE-3, k = 3.
+Four configurations of the same RL job (the zoo task, GRPO, same data, seeds and batch;
+the example's 64 prompts come back every 2 steps): one `specrl run` and its three
+comparison runs (`compare.runs`), each with its own Redis, rollout server and trainer
+started from the same initial weights:
+  ar            synchronous, no speculation;
+  eagle3        synchronous, EAGLE-3 (domain init), k = 3;
+  eagle3-async  asynchronous with policy lag bound 1, EAGLE-3, k = 3;
+  eagle3-hybrid synchronous, EAGLE-3 with drafts from history where history has a
+                confident match (speculation.history.hybrid), k = 3.
 Per configuration the mean over the steps after the first (which warms engines up) of
 every stage (prepare, data, exposed generation, logprob, train, other) and of gen (a
 batch's whole generation, exposed or not); then gen share of the step, gen speedup and
@@ -33,20 +36,20 @@ from specrl.zoo.build import build_if_used
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny-rl-zero.yaml"
 EAGLE3 = {"method": "eagle3", "num_speculative_tokens": 3, "draft": "zoo:eagle3-domain"}
 # the benchmark's labels for the main run and its comparison runs (compare.runs)
-LABELS = {"main": "eagle3", "ar": "ar", "async": "eagle3-async"}
+LABELS = {"main": "eagle3", "ar": "ar", "async": "eagle3-async", "hybrid": "eagle3-hybrid"}
 HOW = SideBySide(steps=None, baseline="ar", sync="eagle3")
 
 
 def bench_config(base: dict, steps: int, out_dir: Path) -> RunConfig:
     """The job of `base` as the benchmark runs it: synchronous EAGLE-3 (domain init, k=3)
-    with AR and asynchronous (lag 1) comparison runs of as many steps."""
+    with AR, asynchronous (lag 1) and hybrid comparison runs of as many steps."""
     cfg = json.loads(json.dumps(base))
     cfg["name"] = "bench-step"
     cfg["output_dir"] = str(out_dir / "{name}")
     cfg["orchestrator"] = {**cfg.get("orchestrator", {}), "steps": steps, "max_lag": 0}
     cfg["rollout"]["server"]["speculation"] = EAGLE3
     cfg["rollout"]["server"].setdefault("self_test", {})["enabled"] = False
-    cfg["compare"] = {"runs": ["ar", "async"], "steps": steps}
+    cfg["compare"] = {"runs": ["ar", "async", "hybrid"], "steps": steps}
     return RunConfig.model_validate(cfg)
 
 
@@ -57,7 +60,7 @@ def run_step_bench(out: Path, *, steps: int, config: Path | None, console: Conso
         build_if_used(cfg.local_models(), console)
         result = run(cfg, console=console, metrics=False)
     runs = {LABELS["ar"]: result.compared["ar"], LABELS["main"]: result.records}
-    runs[LABELS["async"]] = result.compared["async"]
+    runs |= {LABELS[name]: result.compared[name] for name in ("async", "hybrid")}
     rows = compare(runs)
     _write(out, rows, runs, steps=steps, config=config or EXAMPLE)
     print_table(rows, TABLE_COLUMNS, "RL step benchmark (means per step)", console)
@@ -96,7 +99,7 @@ def _write(out: Path, rows: list[dict], runs: dict[str, list[dict]], *, steps: i
     write_report(
         runs,
         out.with_name(out.stem + "-report"),
-        title="specrl bench step: AR vs EAGLE-3, sync vs async",
+        title="specrl bench step: AR vs EAGLE-3, sync vs async, EAGLE-3 vs hybrid with history",
         side_by_side=HOW,
     )
     _plot(out.with_suffix(".png"), rows)

@@ -1,6 +1,7 @@
 """Comparison runs (`compare.runs`): the main run's job again with one thing changed, so
-the report can put speculation beside AR and asynchronous beside synchronous RL on the
-same machine, in the same command, from the same weights, seeds and prompts."""
+the report can put speculation beside AR, asynchronous beside synchronous RL and the
+hybrid with history beside the draft model alone on the same machine, in the same
+command, from the same weights, seeds and prompts."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def comparison(cfg: RunConfig, run: CompareRun) -> RunConfig:
         c["rollout"]["server"]["speculation"] = {"method": "none"}
         c["draft_trainer"]["enabled"] = False  # nothing to adapt, nothing to capture for
         c["trainer"]["server"]["trainer"]["capture"]["enabled"] = False
+    elif run == "hybrid":
+        c["rollout"]["server"]["speculation"]["history"]["hybrid"] = True
     else:
         c["orchestrator"]["max_lag"] = 1
     return RunConfig.model_validate(c)
@@ -42,5 +45,5 @@ def describe(cfg: RunConfig) -> str:
             if spec.adaptive.enabled
             else f"k={spec.num_speculative_tokens}"
         )
-        how = f"{spec.method} {k}"
+        how = f"{spec.method}{'+history' if spec.history.hybrid else ''} {k}"
     return f"{how}, lag {cfg.orchestrator.max_lag}"

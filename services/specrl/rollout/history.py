@@ -7,49 +7,68 @@ steps and epochs, by whatever policy wrote them), kept per prompt up to
 `max_sequences_per_prompt`, for at most `max_prompts` prompts and `max_tokens` tokens in
 all (the least recently used prompts go first), dropped after `max_age` policy versions.
 
-Its cost, measured on this machine's CPU (one run, 2026-11-27): ~306 bytes and ~8.5 us per
-token kept (Python lists and an n-gram dict), ~46 us per draft (16-token context, 960k
-tokens held). Fine for the zoo; at 30k-token generations and hundreds of sequences a step
-a native structure is needed (vLLM's suffix decoding uses Arctic Inference's C++ suffix
-tree; docs/draft.md).
+The text lives in native suffix trees, one per prompt: Arctic Inference's, the structure
+vLLM's own suffix decoding (`method: suffix`) drafts from. vLLM's method keeps one tree
+per running request and one global tree of every response, with no notion of prompt, no
+policy version and no way to seed it; specrl keys the trees by prompt and keeps that
+bookkeeping here. Measured on this machine's CPU (2026-11-27, 200 prompts x 8 responses of
+300 tokens, depth 16): ~0.9 us and ~390 bytes (the tree's own estimate) per token kept,
+~2.7 us per draft; the pure-Python index it replaced took ~8.5 us per token and ~46 us per
+draft.
+
+Matching (the tree's): for every length m from 1 to the context's, the node of the
+context's last m tokens, followed along its most frequent continuation while the
+product of the branch shares (the estimated probability of the draft token) stays at
+least `min_token_prob`, for at most `max_spec_factor * m` tokens; the draft with the
+highest sum of those probabilities wins. The tree holds `max_depth` tokens per suffix, so
+a match and its draft together span at most `max_depth` tokens. A draft from a match
+shorter than `min_match` tokens is not used.
 
 The draft is lossless whatever history holds: the engine verifies it against the target
 (rejection sampling of a deterministic draft), so history written by an older policy can
 cost acceptance, never correctness (tests/integration/test_lossless.py).
-
-Matching: every position of every sequence is indexed by the `min_match` tokens before it
-(a response's first positions by the prompt's last tokens);
-the candidates for a context are the positions whose preceding tokens agree with it
-longest (up to `max_depth`, at most MAX_CANDIDATES of the most recent are compared); the
-draft then follows them token by token, taking the continuation most of them share and
-keeping only the candidates that agree, while that continuation has at least `min_share`
-of the candidates left.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-MAX_CANDIDATES = 64  # positions compared per draft, the most recent first
+import numpy as np
+
+ARCTIC_INFERENCE = "arctic-inference==0.3.0"  # scripts/setup.sh and the images build it
+
+
+def suffix_tree_class() -> Any:
+    """Arctic Inference's native suffix tree, or an error saying how to install it."""
+    try:
+        from arctic_inference.suffix_decoding._C import SuffixTree
+    except ImportError as e:
+        raise RuntimeError(
+            "drafting from history (speculation.method history, or speculation.history.hybrid) "
+            f"needs Arctic Inference's suffix tree, which did not import ({e}): scripts/setup.sh "
+            f"builds it; by hand: pip install --no-build-isolation {ARCTIC_INFERENCE} (needs "
+            "setuptools, wheel, ninja, cmake, nanobind==2.9.2 and a C++20 compiler)"
+        ) from e
+    return SuffixTree
 
 
 @dataclass
 class _Sequence:
-    tokens: list[int]
+    length: int  # tokens held in the tree
     version: int  # the policy version that wrote it (the prompt's: when first seen)
     live: bool = True
 
 
 @dataclass
 class _Prompt:
-    """One prompt's text: the prompt (sequence 0) and responses, with their index."""
+    """One prompt's text: the prompt (sequence 0) and responses, in one suffix tree."""
 
+    tree: Any
     sequences: dict[int, _Sequence] = field(default_factory=dict)
-    index: dict[tuple[int, ...], list[tuple[int, int]]] = field(default_factory=dict)
     next_id: int = 0
-    stale: int = 0  # index entries of dropped sequences (skipped; compacted when many)
 
 
 class HistoryIndex:
@@ -58,13 +77,16 @@ class HistoryIndex:
         *,
         min_match: int = 2,
         max_depth: int = 16,
-        min_share: float = 0.3,
+        min_token_prob: float = 0.1,
+        max_spec_factor: float = 1.0,
         max_sequences_per_prompt: int = 64,
         max_prompts: int = 4096,
         max_age: int = 8,
         max_tokens: int = 4_000_000,
     ) -> None:
-        self.min_match, self.max_depth, self.min_share = min_match, max_depth, min_share
+        self._tree = suffix_tree_class()
+        self.min_match, self.max_depth = min_match, max_depth
+        self.min_token_prob, self.max_spec_factor = min_token_prob, max_spec_factor
         self.max_sequences_per_prompt, self.max_prompts, self.max_age = (
             max_sequences_per_prompt,
             max_prompts,
@@ -81,16 +103,13 @@ class HistoryIndex:
         """A request for prompt `key` begins: the id of its response sequence."""
         p = self._prompts.get(key)
         if p is None:
-            p = self._prompts[key] = _Prompt()
-            self._add(p, list(prompt), live=False)  # the prompt itself: lookup into it
+            p = self._prompts[key] = _Prompt(self._tree(self.max_depth))
+            self._add(p, prompt, live=False)  # the prompt itself: lookup into it
         self._prompts.move_to_end(key)
         self._evict()
-        seq = self._add(p, [], live=True)
         # the response continues the prompt: its first tokens are found by the prompt's
-        # last ones (not indexed again themselves: the prompt's sequence holds them)
-        p.sequences[seq].tokens = [int(t) for t in prompt[-self.max_depth :]]
-        self.tokens += len(p.sequences[seq].tokens)
-        return seq
+        # last ones, which its sequence starts with
+        return self._add(p, prompt[-self.max_depth :], live=True)
 
     def extend(self, key: bytes, seq: int, tokens: Sequence[int]) -> None:
         """Tokens the request's response grew by."""
@@ -103,102 +122,64 @@ class HistoryIndex:
         p = self._prompts.get(key)
         if p is not None and seq in p.sequences:
             p.sequences[seq].live = False
-            self._trim(p)
+            done = [i for i, s in p.sequences.items() if i and not s.live]
+            self._drop(p, done[: max(0, len(done) - self.max_sequences_per_prompt)])
             self._evict()
 
     def set_version(self, version: int) -> None:
-        """The policy changed: responses older than `max_age` versions are dropped."""
+        """The policy changed: responses started more than `max_age` versions ago are
+        dropped, finished or not (the engine reports a request's end only at its next
+        step, so the last requests before an update still look live; one that is really
+        in flight drafts on from the rest of its prompt's history)."""
         self.version = version
         for p in self._prompts.values():
-            old = [
-                i for i, s in p.sequences.items() if i and not s.live and version - s.version > self.max_age
-            ]
-            self._drop(p, old)
+            self._drop(p, [i for i, s in p.sequences.items() if i and version - s.version > self.max_age])
 
     # -- drafting ---------------------------------------------------------------------
 
     def propose(self, key: bytes, seq: int, context: Sequence[int], k: int, min_depth: int = 0) -> list[int]:
         """Up to `k` draft tokens after `context` (the request's prompt and response so
-        far) for its response sequence `seq`; [] when history has no match, or none whose
-        preceding tokens agree with the context's over at least `min_depth` tokens (a
-        confident match: the hybrid's test)."""
+        far; a contiguous int32 array is passed to the tree without a copy) for its
+        response sequence `seq`; [] when history has no match, or its draft comes from a
+        match shorter than `min_depth` tokens (a confident match: the hybrid's test)."""
         p = self._prompts.get(key)
-        if p is None or len(context) < self.min_match or k <= 0:
+        if p is None or k <= 0 or len(context) < self.min_match:
             return []
-        own_end = len(p.sequences[seq].tokens) if seq in p.sequences else -1
-        context = [int(t) for t in context]
-        draft: list[int] = []
-        candidates = self._matches(p, seq, own_end, context, min_depth)
-        while candidates and len(draft) < k:
-            following = Counter(p.sequences[i].tokens[pos] for i, pos in candidates)
-            token, count = following.most_common(1)[0]
-            if count < self.min_share * len(candidates):
-                break
-            draft.append(token)
-            candidates = [
-                (i, pos + 1)
-                for i, pos in candidates
-                if p.sequences[i].tokens[pos] == token and pos + 1 < len(p.sequences[i].tokens)
-            ]
-            if not candidates:  # every match ended: look the draft's own tail up afresh
-                candidates = self._matches(p, seq, own_end, context + draft, min_depth)
-        return draft
-
-    def _matches(
-        self, p: _Prompt, seq: int, own_end: int, context: list[int], min_depth: int
-    ) -> list[tuple[int, int]]:
-        """The indexed positions whose preceding tokens match the context's end longest,
-        over `min_depth` tokens at least (the request's own end excepted), the most recent
-        MAX_CANDIDATES compared."""
-        if len(context) < self.min_match:
+        # the tree matches at most len(context) - 1 tokens: one more than max_depth, or
+        # a token no sequence has before a shorter context, all of which may match
+        if len(context) > self.max_depth:
+            context = context[-self.max_depth - 1 :]
+        else:
+            context = np.concatenate(([-1], np.asarray(context, dtype=np.int32)), dtype=np.int32)
+        if isinstance(context, np.ndarray) and context.dtype == np.int32:
+            draft = p.tree.speculate_ndarray(
+                context, k, self.max_spec_factor, 0.0, self.min_token_prob, False
+            )
+        else:
+            draft = p.tree.speculate(
+                [int(t) for t in context], k, self.max_spec_factor, 0.0, self.min_token_prob, False
+            )
+        if draft.match_len < max(self.min_match, min_depth):
             return []
-        tail = tuple(context[-self.min_match :])
-        found = [
-            (i, pos)
-            for i, pos in reversed(p.index.get(tail, ()))
-            if i in p.sequences and not (i == seq and pos == own_end)
-        ]
-        best, out = self._longest(p, found[:MAX_CANDIDATES], context)
-        return out if best >= min_depth else []
-
-    def _longest(
-        self, p: _Prompt, found: list[tuple[int, int]], context: Sequence[int]
-    ) -> tuple[int, list[tuple[int, int]]]:
-        """The candidates whose preceding tokens match the context longest, with a token
-        to follow them, and over how many tokens they match."""
-        best, out = 0, []
-        for i, pos in found:
-            tokens = p.sequences[i].tokens
-            if pos >= len(tokens):
-                continue
-            n = self.min_match
-            while (
-                n < self.max_depth and n < pos and n < len(context) and tokens[pos - n - 1] == context[-n - 1]
-            ):
-                n += 1
-            if n > best:
-                best, out = n, [(i, pos)]
-            elif n == best:
-                out.append((i, pos))
-        return best, out
+        return list(draft.token_ids)
 
     # -- bookkeeping ------------------------------------------------------------------
 
-    def _add(self, p: _Prompt, tokens: list[int], *, live: bool) -> int:
+    def _add(self, p: _Prompt, tokens: Sequence[int], *, live: bool) -> int:
         seq = p.next_id
         p.next_id += 1
-        p.sequences[seq] = _Sequence([], self.version, live)
+        p.sequences[seq] = _Sequence(0, self.version, live)
         self._append(p, seq, tokens)
         return seq
 
     def _append(self, p: _Prompt, seq: int, tokens: Sequence[int]) -> None:
-        """Each position indexed by the `min_match` tokens before it."""
-        s = p.sequences[seq]
-        for t in tokens:
-            if len(s.tokens) >= self.min_match:
-                p.index.setdefault(tuple(s.tokens[-self.min_match :]), []).append((seq, len(s.tokens)))
-            s.tokens.append(int(t))
-        self.tokens += len(tokens)
+        if len(tokens):
+            if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32:
+                p.tree.extend_ndarray(seq, tokens)
+            else:
+                p.tree.extend(seq, [int(t) for t in tokens])
+            p.sequences[seq].length += len(tokens)
+            self.tokens += len(tokens)
 
     def _evict(self) -> None:
         """Over `max_prompts` or `max_tokens`: the least recently started prompts go
@@ -207,25 +188,9 @@ class HistoryIndex:
             len(self._prompts) > self.max_prompts or self.tokens > self.max_tokens
         ):
             _, p = self._prompts.popitem(last=False)
-            self.tokens -= sum(len(s.tokens) for s in p.sequences.values())
-
-    def _trim(self, p: _Prompt) -> None:
-        """At most `max_sequences_per_prompt` finished responses: the oldest go."""
-        done = [i for i, s in p.sequences.items() if i and not s.live]
-        self._drop(p, done[: max(0, len(done) - self.max_sequences_per_prompt)])
+            self.tokens -= sum(s.length for s in p.sequences.values())
 
     def _drop(self, p: _Prompt, sequences: list[int]) -> None:
-        if not sequences:
-            return
         for i in sequences:
-            gone = len(p.sequences.pop(i).tokens)
-            self.tokens -= gone
-            p.stale += max(0, gone - self.min_match)
-        if p.stale > sum(len(s.tokens) for s in p.sequences.values()):  # compact
-            for tail in list(p.index):
-                kept = [(i, pos) for i, pos in p.index[tail] if i in p.sequences]
-                if kept:
-                    p.index[tail] = kept
-                else:
-                    del p.index[tail]
-            p.stale = 0
+            p.tree.remove(i)
+            self.tokens -= p.sequences.pop(i).length

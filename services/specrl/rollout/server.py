@@ -137,14 +137,15 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
 
     async def _speculation_state(self) -> pb.SpeculationState:
         schedule = self.service.k_schedule or ()
-        rows = await self.service.engine.history_rows()
+        history = await self.service.engine.history_state()
         return pb.SpeculationState(
             k_schedule=[pb.KRange(first=a, last=b, k=k) for a, b, k in schedule],
             adaptive=self.service.adaptive is not None,
             drafter_paused=self.service.drafter_paused,
             history=self.service.cfg.speculation.drafts_from_history,
-            history_rows=rows.get("history", 0),
-            model_rows=rows.get("model", 0),
+            history_rows=history.get("history", 0),
+            model_rows=history.get("model", 0),
+            history_tokens=history.get("tokens", 0),
         )
 
     async def SetSpeculation(self, request, context):

@@ -44,20 +44,22 @@ class SetSpeculationRequest(_message.Message):
     def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ...) -> None: ...
 
 class SpeculationState(_message.Message):
-    __slots__ = ("k_schedule", "adaptive", "drafter_paused", "history", "history_rows", "model_rows")
+    __slots__ = ("k_schedule", "adaptive", "drafter_paused", "history", "history_rows", "model_rows", "history_tokens")
     K_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_PAUSED_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     HISTORY_ROWS_FIELD_NUMBER: _ClassVar[int]
     MODEL_ROWS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     k_schedule: _containers.RepeatedCompositeFieldContainer[KRange]
     adaptive: bool
     drafter_paused: bool
     history: bool
     history_rows: int
     model_rows: int
-    def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ..., adaptive: _Optional[bool] = ..., drafter_paused: _Optional[bool] = ..., history: _Optional[bool] = ..., history_rows: _Optional[int] = ..., model_rows: _Optional[int] = ...) -> None: ...
+    history_tokens: int
+    def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ..., adaptive: _Optional[bool] = ..., drafter_paused: _Optional[bool] = ..., history: _Optional[bool] = ..., history_rows: _Optional[int] = ..., model_rows: _Optional[int] = ..., history_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

@@ -166,9 +166,9 @@ class Engine(Protocol):
         drafts from history; others ignore them)."""
         ...
 
-    async def history_rows(self) -> dict[str, int]:
-        """Drafting hybrid with history: {"history": rows, "model": rows} drafted by each
-        so far; {} otherwise."""
+    async def history_state(self) -> dict[str, int]:
+        """Drafting from history: {"tokens": held}, and for the hybrid {"history": rows,
+        "model": rows} drafted by each so far; {} otherwise."""
         ...
 
     def watch_steps(self, listener: Callable[[EngineStep], None]) -> None:

@@ -32,6 +32,7 @@ from specrl.rollout.engines.vllm import check_version
 from specrl.rollout.engines.vllm.history import PROPOSER as HISTORY_PROPOSER
 from specrl.rollout.engines.vllm.steps import step_logger
 from specrl.rollout.engines.vllm.worker import SpecrlWorkerExtension
+from specrl.rollout.history import suffix_tree_class
 from specrl.weightsync.group import JoinInfo
 
 log = logging.getLogger("specrl.rollout.vllm")
@@ -181,6 +182,8 @@ class VllmEngine:
         self._step_listeners: list[Callable[[EngineStep], None]] = []
         self._drafter_paused = False
         loggers = [step_logger(self._step_listeners)] if speculation.adaptive.enabled else None
+        if speculation.drafts_from_history:
+            suffix_tree_class()  # the native index, or a clear error before the engine starts
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self._history = speculation.history if speculation.drafts_from_history else None
 
@@ -199,12 +202,11 @@ class VllmEngine:
         if self._history is not None:
             await self._llm.collective_rpc("specrl_seed_history", args=(prompt, responses))
 
-    async def history_rows(self) -> dict[str, int]:
-        """Hybrid: the rows drafted from history and by the draft model, over the workers
-        (each drafts the same batch: the first's count)."""
+    async def history_state(self) -> dict[str, int]:
+        """The first worker's (each drafts the same batch and keeps the same history)."""
         if self._history is None:
             return {}
-        return (await self._llm.collective_rpc("specrl_history_rows"))[0]
+        return (await self._llm.collective_rpc("specrl_history_state"))[0]
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer(text, add_special_tokens=False)["input_ids"]

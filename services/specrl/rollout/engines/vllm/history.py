@@ -75,11 +75,11 @@ class HistoryProposer:
                 continue
             n = int(num_tokens_no_spec[i])
             key, seq, seen = self._requests.get(req_id) or self._start(req_id, i, token_ids_cpu)
-            if n > seen:
-                self.index.extend(key, seq, token_ids_cpu[i, seen:n].tolist())
+            if n > seen:  # the batch's int32 rows go to the native tree without a copy
+                self.index.extend(key, seq, token_ids_cpu[i, seen:n])
             self._requests[req_id] = (key, seq, n)
             k_row = min(self.k if k is None else k, self.max_model_len - n - 1)
-            context = token_ids_cpu[i, max(0, n - self.index.max_depth) : n].tolist()
+            context = token_ids_cpu[i, max(0, n - self.index.max_depth - 1) : n]
             drafts.append(self.index.propose(key, seq, context, k_row, min_depth))
         for req_id in self._requests.keys() - batch.req_id_to_index.keys():  # ended
             key, seq, _ = self._requests.pop(req_id)
@@ -100,7 +100,7 @@ class HistoryProposer:
         prompt_len = int(self.runner.input_batch.num_prompt_tokens[index])
         prompt = token_ids_cpu[row, :prompt_len]
         key = prompt_key(prompt)
-        return key, self.index.start(key, prompt.tolist()), prompt_len
+        return key, self.index.start(key, prompt), prompt_len
 
 
 def prompt_key(prompt: Any) -> bytes:

@@ -66,10 +66,11 @@ class SpecrlWorkerExtension:
         if history is not None:
             history.seed(prompt, responses)
 
-    def specrl_history_rows(self) -> dict[str, int]:
-        """Hybrid: the rows (request steps) drafted from history and by the draft model."""
+    def specrl_history_state(self) -> dict[str, int]:
+        """Tokens held, and (hybrid) the rows (request steps) drafted from history and by
+        the draft model."""
         history = getattr(self.model_runner, "specrl_history", None)  # type: ignore[attr-defined]
-        return dict(history.rows) if history is not None else {}
+        return {**history.rows, "tokens": history.index.tokens} if history is not None else {}
 
     # -- weight sync ----------------------------------------------------------------
 
