@@ -662,21 +662,46 @@ def simulate_calibrate(
     ),
 ) -> None:
     """Fit the model's free constants to your own benchmark runs and show the fit error."""
-    import json
-
     from specrl.sim import SimError
     from specrl.sim.calibrate import calibrate
     from specrl.sim.hardware import get_hardware
-    from specrl.tables import print_table
 
     try:
         get_hardware(hardware)
         report = calibrate(rollout, step, hardware)
     except (SimError, ValueError) as e:
         _fail(str(e))
+    _show_fit(report, ("decode_fit", "trainer_fit", "generation_check"), out)
+
+
+@simulate_app.command("fit-forward")
+def simulate_fit_forward(
+    measured: Path = typer.Option(
+        Path("docs/bench/gpu_layer_qwen3_8b.json"), help="scripts/gpu_layer_cost.py JSON (one GPU)."
+    ),
+    out: Path = typer.Option(None, help="Write the fitted constants and per-row errors as JSON."),
+) -> None:
+    """Fit the GPU roofline efficiencies to a GPU's measured forward cost; each row's
+    held-out error is from the fit without its batch size."""
+    from specrl.sim import SimError
+    from specrl.sim.forward_fit import fit_forward
+
+    try:
+        report = fit_forward(measured)
+    except SimError as e:
+        _fail(str(e))
+    _show_fit(report, ("in_sample", "held_out"), out)
+
+
+def _show_fit(report: dict, summaries: tuple[str, ...], out: Path | None) -> None:
+    """A fit's constants, its error summaries, and its JSON written to `out`."""
+    import json
+
+    from specrl.tables import print_table
+
     rows = [{"constant": k, "value": v} for k, v in report["constants"].items()]
     print_table(rows, ("constant", "value"), f"fitted on {report['hardware']} ({report['model']})", console)
-    for name in ("decode_fit", "trainer_fit", "generation_check"):
+    for name in summaries:
         fit = report[name]
         console.print(
             f"{name}: {fit['points']} points, rms rel error {fit['rms_rel_error']:.1%}, "

@@ -78,7 +78,7 @@ def _speculation(row: dict) -> Speculation:
     return Speculation.from_acceptance_length(method, row["k"], row["acceptance_length"], **extra)
 
 
-def _rel(predicted: float, measured: float) -> float:
+def rel_error(predicted: float, measured: float) -> float:
     return round(float(predicted) / measured - 1, 4)
 
 
@@ -119,7 +119,7 @@ def fit_decode(rows: list[dict], hardware: str = TESTBED) -> Fit:
         measured_ms = r["ms_per_engine_step"]
         predicted_ms = round(float(p) * 1e3, 2)
         out.append({**label, "measured_ms": measured_ms, "predicted_ms": predicted_ms})
-        out[-1]["rel_error"] = _rel(predicted_ms, measured_ms)
+        out[-1]["rel_error"] = rel_error(predicted_ms, measured_ms)
     return Fit(eff, out)
 
 
@@ -173,13 +173,13 @@ def fit_trainer(step_bench: dict, decode: Efficiency, hardware: str = TESTBED) -
             point = {"config": row["config"], "stage": stage, "measured_s": measured}
             point |= {
                 "predicted_s": round(sim[f"{stage}_s"], 3),
-                "rel_error": _rel(sim[f"{stage}_s"], measured),
+                "rel_error": rel_error(sim[f"{stage}_s"], measured),
             }
             (checks if stage == "gen" else fitted).append(point)
     return Fit(decode.model_copy(update=mfus), fitted), Fit(decode, checks)
 
 
-def _read_json(path: Path, command: str) -> object:
+def read_json(path: Path, command: str) -> object:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -191,7 +191,7 @@ def _read_json(path: Path, command: str) -> object:
 
 
 def _bench_rows(path: Path, command: str, hardware: str) -> dict:
-    data = _read_json(path, command)
+    data = read_json(path, command)
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise SimError(f"{path}: not the JSON of `{command}` (no 'rows' list)")
     # benchmarks record the accelerator they ran on (None: CPU); older files do not say
@@ -233,7 +233,7 @@ def load_calibration(path: Path, hardware: str) -> Efficiency:
     """The constants a `specrl simulate calibrate --out` file fitted (the rest at their
     defaults, as in the fit), for planning on the hardware they were fitted on: fitted
     constants do not transfer to other hardware."""
-    report = _read_json(path, "specrl simulate calibrate")
+    report = read_json(path, "specrl simulate calibrate")
     fitted = report.get("constants") if isinstance(report, dict) else None
     on = report.get("hardware") if isinstance(report, dict) else None
     if not isinstance(fitted, dict) or not isinstance(on, str):
