@@ -59,3 +59,13 @@ def test_the_eagle3_and_hybrid_cells_use_the_head_asked_for():
     for head in ("domain", "generic"):
         drafts = {c.name: c.draft for c in history.cells(TASKS["rl-think"], head)}
         assert drafts["eagle3"] == drafts["hybrid"] == f"zoo:think/eagle3-{head}"
+
+
+def test_a_continued_rl_run_draws_training_batches_of_its_own(tmp_path):
+    from specrl.bench.draft import rl_run_config
+
+    seeds = {
+        rl_run_config(TASKS["rl-zero"], "eagle3-domain", 4, tmp_path, data_seed=s).data.seed
+        for s in (0, 1, 2)
+    }
+    assert seeds == {0, 1, 2}

@@ -69,15 +69,17 @@ def rl_run_config(
     draft: str = "",
     adapt: bool = True,
     name: str = "",
+    data_seed: int = 0,
 ) -> RunConfig:
     """A short sync RL run of `policy` (default: the task's zoo target) with EAGLE-3 from
-    `draft` (default: the zoo's `init` head), adapted online (`adapt`) or frozen."""
+    `draft` (default: the zoo's `init` head), adapted online (`adapt`) or frozen, on the
+    training batches `data_seed` draws (a run that continues another draws new ones)."""
     policy = policy or f"zoo:{task.zoo}target"
     return RunConfig.model_validate(
         {
             "name": name or f"{task.name}-{init}",
             "output_dir": str(root / "{name}"),
-            "data": {"prompts_per_step": task.prompts_per_step},
+            "data": {"prompts_per_step": task.prompts_per_step, "seed": data_seed},
             "sampling": {"n": 8, "max_tokens": task.max_tokens},
             "orchestrator": {"steps": steps, "max_lag": 0, "concurrency": 8, "checkpoint_every": 0},
             "rollout": {

@@ -3,7 +3,8 @@ away from the one the draft was made for, beside the draft adapted online, one r
 
 For each task a real RL run (`specrl run`, every service a real process, EAGLE-3 from the
 domain draft with the draft-trainer adapting it online) is taken in `segments` of `steps`
-synchronous steps, each segment continuing the last one's policy and adapted draft. At
+synchronous steps, each segment continuing the last one's policy and adapted draft on
+training batches of its own (the data seed is the segment's number). At
 policy step 0 and after each segment, fresh rollout servers of the policy at that step are
 measured together (bench/epochs.py): AR; EAGLE-3 with the draft frozen at step 0 and with
 the draft adapted up to that step; the history drafter carried the responses written at
@@ -71,7 +72,14 @@ def run_staleness_bench(
             console.print(f"[bold]{task.name}[/bold]: RL steps {step - steps + 1}-{step}, draft adapted")
             policy, adapted = state[task.name]
             cfg = rl_run_config(
-                task, INIT, steps, tmp, policy=policy, draft=adapted, name=f"{task.name}-s{step}"
+                task,
+                INIT,
+                steps,
+                tmp,
+                policy=policy,
+                draft=adapted,
+                name=f"{task.name}-s{step}",
+                data_seed=segment,  # each segment trains on batches of its own
             )
             result = run(cfg, console=console, metrics=False)
             if (result.run_dir / "draft" / "config.json").is_file():  # else every candidate held back
