@@ -147,18 +147,10 @@ class HistoryIndex:
             return []
         # the tree matches at most len(context) - 1 tokens: one more than max_depth, or
         # a token no sequence has before a shorter context, all of which may match
-        if len(context) > self.max_depth:
-            context = context[-self.max_depth - 1 :]
-        else:
-            context = np.concatenate(([-1], np.asarray(context, dtype=np.int32)), dtype=np.int32)
-        if isinstance(context, np.ndarray) and context.dtype == np.int32:
-            draft = p.tree.speculate_ndarray(
-                context, k, self.max_spec_factor, 0.0, self.min_token_prob, False
-            )
-        else:
-            draft = p.tree.speculate(
-                [int(t) for t in context], k, self.max_spec_factor, 0.0, self.min_token_prob, False
-            )
+        context = _int32(context[-self.max_depth - 1 :])
+        if len(context) <= self.max_depth:
+            context = np.concatenate(([-1], context), dtype=np.int32)
+        draft = p.tree.speculate_ndarray(context, k, self.max_spec_factor, 0.0, self.min_token_prob, False)
         if draft.match_len < max(self.min_match, min_depth):
             return []
         return list(draft.token_ids)
@@ -174,10 +166,7 @@ class HistoryIndex:
 
     def _append(self, p: _Prompt, seq: int, tokens: Sequence[int]) -> None:
         if len(tokens):
-            if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32:
-                p.tree.extend_ndarray(seq, tokens)
-            else:
-                p.tree.extend(seq, [int(t) for t in tokens])
+            p.tree.extend_ndarray(seq, _int32(tokens))
             p.sequences[seq].length += len(tokens)
             self.tokens += len(tokens)
 
@@ -194,3 +183,9 @@ class HistoryIndex:
         for i in sequences:
             p.tree.remove(i)
             self.tokens -= p.sequences.pop(i).length
+
+
+def _int32(tokens: Sequence[int]) -> np.ndarray:
+    """Token ids as the trees take them: the batch's contiguous int32 rows as they are (no
+    copy), anything else converted."""
+    return np.ascontiguousarray(tokens, dtype=np.int32)
