@@ -721,7 +721,9 @@ def simulate_plan(
     lag: int = typer.Option(None, min=0, max=8, help="Fix the policy lag (default: search 0, 1, 2)."),
     k: int = typer.Option(None, min=0, max=16, help="Fix the draft length (default: search 0-7)."),
     acceptance_length: float = typer.Option(
-        None, help="EAGLE-3 acceptance length at k=3, spread geometrically over positions (default 3.0)."
+        None,
+        help="EAGLE-3 acceptance length at k=3, spread over positions along the decay fitted to the "
+        "paper's k series (default 3.0).",
     ),
     acceptance: str = typer.Option(
         None,
@@ -733,7 +735,7 @@ def simulate_plan(
     response_mean: float = typer.Option(1500, help="Mean response tokens (lognormal, sigma 1)."),
     max_response: int = typer.Option(20480, help="Response length cap."),
     calibration: Path = typer.Option(
-        None, help="Constants from `specrl simulate calibrate --out` (default: the GPU priors)."
+        None, help="Constants from `specrl simulate calibrate --out` (default: the GPU constants)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:

@@ -1,9 +1,8 @@
 """The performance model (services/specrl/sim): roofline pieces against hand calculations,
-monotonicity properties, the validation table within the bounds docs/simulator.md states,
-and clear errors for bad input."""
+monotonicity properties, the validation table (held out, committed, quoted in
+docs/simulator.md), the planner's error band, and clear errors for bad input."""
 
 import json
-import re
 from itertools import pairwise
 from pathlib import Path
 
@@ -14,19 +13,19 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from specrl.cli import app
-from specrl.sim import SimError
+from specrl.sim import SimError, validate
 from specrl.sim.calibrate import calibrate, load_calibration
 from specrl.sim.decode import Replica, generate
-from specrl.sim.hardware import GPU_EFFICIENCY, Efficiency, get_hardware
+from specrl.sim.hardware import GPU_EFFICIENCY, PAPER_FIT, Efficiency, get_hardware
 from specrl.sim.models import get_model
-from specrl.sim.planner import plan
+from specrl.sim.planner import HELD_OUT_BAND, plan
 from specrl.sim.report import validation_markdown
-from specrl.sim.speculation import Speculation, acceptance_length, parse_acceptance
+from specrl.sim.speculation import EAGLE3_DECAY, Speculation, acceptance_length, parse_acceptance
 from specrl.sim.step import Layout, Workload, simulate_step
 from specrl.sim.train import trainer_seconds
-from specrl.sim.validate import validation_table
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
+COMMITTED = DOCS.parent / "bench" / "simulator.json"
 # Peak roofline only: no efficiency losses, no fixed costs, so times are hand-checkable.
 IDEAL = Efficiency(mem_eff=1, compute_eff=1, step_overhead_s=0, draft_overhead_s=0, collective_latency_s=0)
 H100, QWEN3_8B = get_hardware("h100"), get_model("qwen3-8b")
@@ -104,6 +103,36 @@ def test_acceptance_length_by_hand_and_from_a_stated_length():
     spec = Speculation.from_acceptance_length("eagle3", 3, 3.0)
     assert spec.acceptance_length == pytest.approx(3.0, abs=1e-9)
     assert spec.with_k(7).acceptance_length > spec.acceptance_length
+    # with a decay: a, a/2, a/4 at AL 2 (a + a^2/2 + a^3/8 = 1 at a = 0.7417...)
+    decayed = Speculation.from_acceptance_length("eagle3", 3, 2.0, decay=0.5)
+    a = decayed.acceptance[0]
+    assert decayed.acceptance[:4] == pytest.approx((a, a / 2, a / 4, a / 8))
+    assert 1 + a + a * a / 2 + a * a / 2 * a / 4 == pytest.approx(2.0)
+    assert decayed.with_k(5).acceptance_length < spec.with_k(5).acceptance_length * 0.8
+    with pytest.raises(SimError, match="decay"):
+        Speculation.from_acceptance_length("eagle3", 3, 2.0, decay=0.0)
+
+
+def test_engine_costs_of_a_speculative_step_by_hand():
+    costs = IDEAL.model_copy(
+        update={"spec_step_overhead_s": 1e-3, "draft_overhead_s": 2e-4, "emit_overhead_s": 1e-5,
+                "layer_overhead_s": 3e-6, "ngram_lookup_s": 1e-8}
+    )  # fmt: skip
+    eagle = Speculation.from_acceptance_length("eagle3", 3, 2.5)
+    plain, spec = Replica(QWEN3_8B, H100, costs), Replica(QWEN3_8B, H100, costs, speculation=eagle)
+    head = spec.draft
+    b, c = 8, 500
+    forward = Replica(QWEN3_8B, H100, IDEAL).forward_seconds  # the roofline alone
+    layers = 3e-6 * QWEN3_8B.layers
+    assert plain.step_seconds(b, c) == pytest.approx(forward(QWEN3_8B, b, 1, c) + layers + 1e-5 * b)
+    # the draft's first forward runs over the k+1 verified positions, then k-1 more of one
+    drafts = forward(head, b, 4, c) + 2 * forward(head, b, 1, c) + 3 * (2e-4 + 3e-6 * head.layers)
+    expected = forward(QWEN3_8B, b, 4, c) + layers + 1e-5 * b * 2.5 + 1e-3 + drafts
+    assert spec.step_seconds(b, c) == pytest.approx(expected)
+    # n-gram: no device draft, a host lookup over every sequence's context
+    ngram = Replica(QWEN3_8B, H100, costs, speculation=eagle.model_copy(update={"method": "ngram"}))
+    lookup = forward(QWEN3_8B, b, 4, c) + layers + 1e-5 * b * 2.5 + 1e-3 + 1e-8 * b * c
+    assert ngram.step_seconds(b, c) == pytest.approx(lookup)
 
 
 def test_verification_step_costs_k_plus_one_tokens_of_compute_at_large_batch():
@@ -179,32 +208,81 @@ def test_async_overlap_hides_generation_behind_training():
     assert sync.train_s == pytest.approx(3 * sync.logprob_s)
 
 
-def test_validation_table_within_the_bounds_stated_in_the_docs():
-    rows = validation_table()
-    docs = DOCS.read_text()
-    assert all({"name", "paper_value", "predicted", "rel_error"} <= set(r) for r in rows)
-    stated = next(line for line in docs.splitlines() if line.startswith("Bounded set:"))
-    bounded = [r for r in rows if r["bounded"]]
-    # the bounded set is the one the docs state: moving a row out needs a documented reason
-    assert {r["name"] for r in bounded} == set(re.findall(r"`([^`]+)`", stated))
-    for r in bounded:
-        assert abs(r["rel_error"]) <= r["bound"] == 0.35, r
+def _committed() -> dict:
+    return json.loads(COMMITTED.read_text())
+
+
+def test_validation_rows_are_held_out_committed_and_quoted():
+    report = _committed()
+    rows, fit = report["validation"], report["gpu_fit"]
+    assert all({"name", "paper_value", "predicted", "rel_error"} <= set(r) and r["held_out"] for r in rows)
+    assert [r["name"] for r in rows] == [p.name for p in validate.points()]
+    # the in-sample column is what the committed unknowns give now (the JSON is not stale)
+    unknowns = validate.Unknowns(**fit["unknowns"])
+    now = validate.predict(unknowns)
     for r in rows:
-        if not r["bounded"]:
-            assert r["note"], f"{r['name']} is outside the bounded set without a reason"
-    # what the docs and the committed JSON show is what the model gives now
-    quoted = validation_markdown(rows).splitlines()
-    assert all(line in docs.splitlines() for line in quoted), "docs/simulator.md's table is stale"
-    committed = json.loads((DOCS.parent / "bench" / "simulator.json").read_text())
-    assert committed["validation"] == rows, "docs/bench/simulator.json is stale: specrl simulate validate"
+        assert r["in_sample"] == pytest.approx(now[r["name"]], rel=2e-3), r["name"]
+        if not r["fitted"]:  # outside every fit: held out already
+            assert r["predicted"] == r["in_sample"]
+    # the planner's constants are the fit's: engine costs, acceptance decay, error band
+    assert {k: fit["unknowns"][k] for k in PAPER_FIT} == PAPER_FIT
+    assert GPU_EFFICIENCY.token_overhead_s == PAPER_FIT["token_overhead_s"]
+    assert pytest.approx(fit["unknowns"]["acceptance_decay"], abs=5e-4) == EAGLE3_DECAY
+    assert pytest.approx(fit["held_out_rms_step"], abs=5e-4) == HELD_OUT_BAND
+    # docs/simulator.md quotes the table and the count within the goal
+    docs = DOCS.read_text()
+    assert all(line in docs.splitlines() for line in validation_markdown(rows).splitlines())
+    within = f"{fit['speedup_rows_within_goal']} of the paper's {fit['speedup_rows']} speedups"
+    assert within in docs
+
+
+def test_a_held_out_row_is_predicted_by_the_fit_without_it():
+    report = _committed()
+    row = next(r for r in report["validation"] if r["name"] == "8b_rlzero_gen_speedup_k5")
+    fittable = [
+        p for p in validate.points() if p.speedup and p.name not in validate.bound_check(validate.points())
+    ]
+    assert len(fittable) == report["gpu_fit"]["fitted_rows"]
+    start = validate.Unknowns(**report["gpu_fit"]["unknowns"])
+    alone = validate.fit([p for p in fittable if p.name != row["name"]], start)
+    assert validate.predict(alone)[row["name"]] == pytest.approx(row["predicted"], rel=0.01)
+
+
+def test_the_fitted_model_has_the_papers_trends():
+    rows = {r["name"]: r["in_sample"] for r in _committed()["validation"]}
+    for task in ("rlzero", "rlthink"):
+        k3, k5, k7 = (rows[f"8b_{task}_gen_speedup_k{k}"] for k in (3, 5, 7))
+        assert k3 > k5 > k7  # longer drafts lose (paper: k=3 best on both tasks)
+        assert rows[f"8b_{task}_ngram_gen_speedup"] < 1.0  # n-gram slows generation
+
+
+def test_rows_no_model_can_fit_are_found_by_their_bounds():
+    point = validate.Point
+    rows = [
+        point("a_gen_speedup_k3", 1.5, "", True, k=3, task="a"),
+        point("a_gen_speedup_k5", 0.85, "", True, k=5, task="a"),  # < 3/5 x 1.5 = 0.9
+        point("a_gen_speedup_k7", 0.7, "", True, k=7, task="a"),  # >= 3/7 x 1.5, 5/7 x 0.85
+        point("b_gen_speedup_k5", 0.95, "", True, k=5, task="b"),  # another task: no bound
+        point("x_rollout_speedup", 3.5, "", True, 3.0),  # above its acceptance length
+        point("x_e2e_speedup", 3.5, "", True),  # no stated acceptance: no bound
+    ]
+    out = validate.bound_check(rows)
+    assert set(out) == {"a_gen_speedup_k5", "x_rollout_speedup"}
+    assert "3/5 of the 1.5x at k=3" in out["a_gen_speedup_k5"]
+    assert "exceeds the stated acceptance length 3.0" in out["x_rollout_speedup"]
 
 
 def test_calibration_fits_the_committed_cpu_measurements():
     report = calibrate()
     # bounds stated in docs/simulator.md ("calibration")
-    assert report["decode_fit"]["points"] >= 50
-    assert report["decode_fit"]["rms_rel_error"] <= 0.30
+    decode = report["decode_fit"]
+    assert decode["points"] >= 50
+    assert decode["rms_rel_error"] <= 0.25 and decode["held_out"]["rms_rel_error"] <= 0.25
+    assert all(abs(r["held_out_rel_error"]) >= 0 for r in decode["rows"])
     assert report["trainer_fit"]["rms_rel_error"] <= 0.20
+    assert report == _committed()["calibration"], (
+        "docs/bench/simulator.json is stale: specrl simulate validate"
+    )
 
 
 def test_planner_finds_a_layout_that_fits_and_beats_ar_sync():
@@ -232,6 +310,18 @@ def test_planner_finds_a_layout_that_fits_and_beats_ar_sync():
     assert loop["sampling"] == {"n": SMALL.group_size, "max_tokens": SMALL.max_response_tokens}
     # no fixed slots: the orchestrator derives them from the engine's max_num_seqs and n
     assert "concurrency" not in loop["orchestrator"]
+
+
+def test_the_planner_recommends_no_longer_draft_than_its_error_band_supports():
+    draft = Speculation.from_acceptance_length("eagle3", 3, 3.0)
+    common = {"model": QWEN3_8B, "hw": H100, "eff": GPU_EFFICIENCY, "workload": SMALL, "gpus": 32,
+              "draft": draft, "ks": (0, 1, 3), "lags": (0,)}  # fmt: skip
+    sharp = plan(**common, band=0.0)  # the fastest step wins
+    blunt = plan(**common, band=10.0)  # the model tells nothing apart: the simplest choice, AR
+    assert sharp.speculation.k > 0 and blunt.speculation.k == 0
+    assert sharp.result.step_s < blunt.result.step_s
+    assert "held-out error band +-0%" in sharp.summary()
+    assert plan(**common).band == HELD_OUT_BAND
 
 
 def test_planner_gives_the_trainer_a_batch_its_ranks_can_share():

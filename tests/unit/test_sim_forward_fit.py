@@ -12,7 +12,7 @@ import pytest
 from specrl.sim import SimError
 from specrl.sim.decode import Replica
 from specrl.sim.forward_fit import fit_forward, hardware_of
-from specrl.sim.hardware import Efficiency, get_hardware
+from specrl.sim.hardware import MEASURED_ROOFLINE, Efficiency, get_hardware
 from specrl.sim.models import get_model
 
 BENCH = Path(__file__).resolve().parents[2] / "docs" / "bench"
@@ -77,3 +77,4 @@ def test_the_committed_fit_is_what_the_committed_h200_measurement_gives():
     committed = json.loads((BENCH / "simulator_gpu_fit.json").read_text())
     assert fit_forward(BENCH / "gpu_layer_qwen3_8b.json") == committed
     assert committed["hardware"] == "h200" and committed["held_out"]["rms_rel_error"] < 0.1
+    assert committed["constants"] == MEASURED_ROOFLINE  # the GPU constants use this fit

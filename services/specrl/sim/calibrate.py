@@ -5,8 +5,9 @@ so it is where the model's functional form is tested:
   1. decode: every `specrl bench rollout` row with a per-step cost (AR, EAGLE-3 domain
      and generic, draft model; n-gram is left out because its ms_per_engine_step does
      not count the steps that drafted nothing) is predicted from the zoo model's shape
-     with four free constants (compute efficiency, per-step, per-draft-forward and
-     per-token overheads), fitted by least squares on log(predicted / measured);
+     with five free constants (compute efficiency and the costs per step, per draft
+     forward, per emitted token and per layer of a forward), fitted by least squares on
+     log(predicted / measured); each row is also predicted held out (the fit without it);
   2. trainer: two constants, the MFU of the forward-only logprob pass and of the
      training pass, fitted to the logprob and train times of the synchronous
      `specrl bench step` rows;
@@ -40,7 +41,8 @@ TARGET = "zoo-target"
 # "Q: 16+18=?\nA:": the zoo task's prompts (one operation, build 3) average 12.0
 # characters, which are its tokens
 PROMPT_TOKENS = 12
-DECODE_FIT = ("compute_eff", "step_overhead_s", "draft_overhead_s", "token_overhead_s")
+DECODE_FIT = ("compute_eff", "step_overhead_s", "draft_overhead_s", "emit_overhead_s", "layer_overhead_s")
+DECODE_START = (0.1, 1e-2, 1e-3, 1e-4, 1e-4)
 TRAINER_FIT = ("logprob_mfu", "train_mfu")
 METHODS = {"ar": "none", "eagle3": "eagle3", "draft_model": "draft_model"}
 # The step benchmark's job (examples/tiny-rl-zero.yaml): 32 prompts x 8, <= 48 tokens,
@@ -49,9 +51,9 @@ STEP_WORKLOAD = {"prompts_per_step": 32, "group_size": 8, "max_response_tokens":
 STEP_SLOTS = 16 * 8
 
 
-def error_summary(rows: list[dict]) -> dict:
-    """Count, RMS and largest absolute `rel_error` of fit rows."""
-    errors = np.array([r["rel_error"] for r in rows], dtype=float)
+def error_summary(rows: list[dict], key: str = "rel_error") -> dict:
+    """Count, RMS and largest absolute `key` (an error) of fit rows."""
+    errors = np.array([r[key] for r in rows], dtype=float)
     return {
         "points": len(rows),
         "rms_rel_error": round(float(np.sqrt(np.mean(errors**2))), 4),
@@ -67,7 +69,11 @@ class Fit:
     rows: list[dict]
 
     def summary(self) -> dict:
-        return error_summary(self.rows)
+        """In-sample errors, and held-out ones where the rows have them."""
+        out = error_summary(self.rows)
+        if self.rows and "held_out_rel_error" in self.rows[0]:
+            out["held_out"] = error_summary(self.rows, "held_out_rel_error")
+        return out
 
 
 def _speculation(row: dict) -> Speculation:
@@ -82,45 +88,52 @@ def rel_error(predicted: float, measured: float) -> float:
     return round(float(predicted) / measured - 1, 4)
 
 
-def fit_decode(rows: list[dict], hardware: str = TESTBED) -> Fit:
-    """Fit the four decode constants to the rollout benchmark's per-step costs."""
+def fit_decode(rows: list[dict], hardware: str = TESTBED, held_out: bool = True) -> Fit:
+    """Fit the decode constants to the rollout benchmark's per-step costs; with `held_out`,
+    each row is also predicted by the fit to the other rows (its `held_out_rel_error`)."""
     hw, target = get_hardware(hardware), get_model(TARGET)
     points = [r for r in rows if r["method"] in METHODS and r.get("ms_per_engine_step")]
-    if len(points) < len(DECODE_FIT):
+    if len(points) <= len(DECODE_FIT):
         raise SimError(
             f"the rollout benchmark has {len(points)} rows with a per-step cost (methods "
-            f"{', '.join(METHODS)}); fitting {len(DECODE_FIT)} constants needs at least as many"
+            f"{', '.join(METHODS)}); fitting {len(DECODE_FIT)} constants needs more"
         )
     # mean context over a response: the prompt plus half the response
     contexts = [PROMPT_TOKENS + r["tokens"] / r["requests"] / 2 for r in points]
     specs = [_speculation(r) for r in points]
     measured = np.array([r["ms_per_engine_step"] / 1e3 for r in points])
 
-    def predict(x: np.ndarray) -> np.ndarray:
+    def predict(x: np.ndarray, rows: list[int]) -> np.ndarray:
         eff = Efficiency(**dict(zip(DECODE_FIT, x)))
         return np.array(
             [
-                Replica(target, hw, eff, 1, spec).step_seconds(r["concurrency"], ctx)
-                for r, spec, ctx in zip(points, specs, contexts)
+                Replica(target, hw, eff, 1, specs[i]).step_seconds(points[i]["concurrency"], contexts[i])
+                for i in rows
             ]
         )
 
-    start = np.array([0.1, 1e-2, 1e-3, 1e-4])
-    result = least_squares(
-        lambda x: np.log(predict(x) / measured),
-        start,
-        bounds=([1e-4, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]),
-        x_scale=start,
-    )
-    eff = Efficiency(**dict(zip(DECODE_FIT, result.x)))
+    def fit(rows: list[int]) -> np.ndarray:
+        start = np.array(DECODE_START)
+        return least_squares(
+            lambda x: np.log(predict(x, rows) / measured[rows]),
+            start,
+            bounds=([1e-4] + [0.0] * (len(start) - 1), [1.0] * len(start)),
+            x_scale=start,
+        ).x
+
+    every = list(range(len(points)))
+    x = fit(every)
     out = []
-    for r, p in zip(points, predict(result.x)):
+    for i, (r, p) in enumerate(zip(points, predict(x, every))):
         label = {"method": r["method"], "draft": r["draft"], "k": r["k"], "concurrency": r["concurrency"]}
         measured_ms = r["ms_per_engine_step"]
         predicted_ms = round(float(p) * 1e3, 2)
         out.append({**label, "measured_ms": measured_ms, "predicted_ms": predicted_ms})
         out[-1]["rel_error"] = rel_error(predicted_ms, measured_ms)
-    return Fit(eff, out)
+        if held_out:
+            alone = float(predict(fit([j for j in every if j != i]), [i])[0]) * 1e3
+            out[-1]["held_out_rel_error"] = rel_error(alone, measured_ms)
+    return Fit(Efficiency(**dict(zip(DECODE_FIT, x))), out)
 
 
 def _step_workload(record: dict) -> Workload:

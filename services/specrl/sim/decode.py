@@ -115,7 +115,7 @@ class Replica:
         stage = max(
             device_bytes / (hw.mem_bw * eff.mem_eff), device_flops / (hw.peak_flops * eff.compute_eff)
         )
-        stage += shape.layers / pp * self._layer_comm_seconds(shape, tokens)
+        stage += shape.layers / pp * (self._layer_comm_seconds(shape, tokens) + eff.layer_overhead_s)
         hops = 0.0
         if pp > 1:  # the activations' way to the next stage, inside the NVLink domain or not
             link = hw.nvlink_bw if self.devices <= hw.nvlink_domain else hw.network_bw
@@ -140,11 +140,17 @@ class Replica:
         tokens per sequence (k = 0: a plain decode step)."""
         k = self.speculation.k
         verify = self.forward_seconds(self.model, batch, k + 1, context)
-        step = verify + self.eff.step_overhead_s + self.eff.token_overhead_s * batch * (k + 1)
+        eff = self.eff
+        step = verify + eff.step_overhead_s + eff.token_overhead_s * batch * (k + 1)
+        step += eff.emit_overhead_s * batch * self.speculation.acceptance_length
         if k:
             draft = self.draft
-            per_draft = self.forward_seconds(draft, batch, 1, context) if draft else 0.0
-            step += k * (per_draft + self.eff.draft_overhead_s)
+            step += eff.spec_step_overhead_s
+            if draft is not None:  # the first forward runs over the step's k+1 verified positions
+                step += self.forward_seconds(draft, batch, k + 1, context) + eff.draft_overhead_s
+                step += (k - 1) * (self.forward_seconds(draft, batch, 1, context) + eff.draft_overhead_s)
+            elif self.speculation.method == "ngram":  # the lookup scans each context on the host
+                step += eff.ngram_lookup_s * batch * context
         return step
 
     def tokens_per_second(self, batch: float, context: float) -> float:

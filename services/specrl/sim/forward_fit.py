@@ -11,10 +11,11 @@ log(predicted / measured) over every row; each row's held-out error comes from t
 without that row's batch size (leave one batch size out: the batches at either end are
 then extrapolations), so no constant is judged on a row it was fitted to.
 
-What graph replays cannot decide stays a prior: the engine's per-step and per-draft
-costs outside the forward (scheduling, sampling, input preparation: `step_overhead_s`,
-`draft_overhead_s`), and efficiencies of other GPUs (the fit names the one it ran on;
-specrl applies it to every GPU in the table, docs/simulator.md)."""
+What graph replays cannot decide is fitted elsewhere: the engine's costs outside the
+forward (per step, per draft, per verified token: sim/validate.py fits them to the
+paper's rows on top of this roofline). Efficiencies of other GPUs are not measured: the
+fit names the one it ran on, and specrl applies it to every GPU in the table
+(hardware.MEASURED_ROOFLINE, docs/simulator.md)."""
 
 from __future__ import annotations
 

@@ -48,14 +48,38 @@ class Efficiency(BaseModel):
     )
     draft_overhead_s: float = Field(3e-4, ge=0, description="fixed cost of one sequential draft forward")
     token_overhead_s: float = Field(0.0, ge=0, description="cost per query token per step (bookkeeping)")
+    layer_overhead_s: float = Field(
+        0.0, ge=0, description="fixed cost per layer of a forward (op dispatch, launches)"
+    )
+    emit_overhead_s: float = Field(
+        0.0, ge=0, description="cost per emitted token (output processing, logprobs) per step"
+    )
+    spec_step_overhead_s: float = Field(
+        0.0, ge=0, description="fixed cost a speculative step adds (rejection sampler, draft inputs)"
+    )
+    ngram_lookup_s: float = Field(
+        0.0, ge=0, description="host time of n-gram lookup per context token per sequence and step"
+    )
     collective_latency_s: float = Field(1e-5, ge=0, description="latency of one TP/EP collective")
     kv_fraction: float = Field(0.9, gt=0, le=1, description="share of device memory the engine may use")
     sync_overhead_s: float = Field(1.0, ge=0, description="fixed cost of a weight sync (handshake, reload)")
     data_s: float = Field(1.0, ge=0, description="data loading and reward per RL step")
 
 
-# Stated priors for GPUs (docs/simulator.md, "constants"): not fitted to any paper number.
-GPU_EFFICIENCY = Efficiency()
+# The decode roofline's efficiencies measured on one NVIDIA H200 (`specrl simulate
+# fit-forward`, docs/bench/simulator_gpu_fit.json), taken for every GPU.
+MEASURED_ROOFLINE = {"mem_eff": 0.5887, "compute_eff": 0.5323}
+# The GPU constants (docs/simulator.md, "constants"): the measured roofline and the engine
+# costs fitted to the paper's rows (`specrl simulate validate`, sim/validate.py); the
+# training MFUs, sync and data costs are stated priors.
+PAPER_FIT = {
+    "step_overhead_s": 1.198e-07,
+    "spec_step_overhead_s": 8.608e-08,
+    "draft_overhead_s": 4.254e-08,
+    "token_overhead_s": 3.563e-05,
+    "ngram_lookup_s": 1.494e-07,
+}
+GPU_EFFICIENCY = Efficiency(**MEASURED_ROOFLINE, **PAPER_FIT)
 
 HARDWARE: dict[str, Hardware] = {
     h.name: h

@@ -25,6 +25,11 @@ MAX_SPLITS = 32  # generation GPU counts tried (evenly spaced when there are mor
 REPRESENTATIVES = 64  # length quantiles per simulated batch: coarser than validation, 4x faster
 TP_CHOICES = (1, 2, 4, 8, 16)
 TIE = 0.01  # steps within 1% of the fastest count as equally fast (below the model's precision)
+# The model's held-out error on the paper's step speedups (rms; `specrl simulate validate`,
+# docs/bench/simulator.json gpu_fit.held_out_rms_step): the band a planned speedup
+# carries, and the margin by which a longer draft (or speculation at all) must beat the
+# simpler choice to be recommended.
+HELD_OUT_BAND = 0.093
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class Plan:
     baseline: StepResult
     gpus_per_node: int
     workload: Workload
+    band: float = HELD_OUT_BAND
 
     @property
     def speedup(self) -> float:
@@ -54,7 +60,9 @@ class Plan:
             f"step {r.step_s:.1f} s (gen {r.gen_s:.1f}, exposed {r.exposed_gen_s:.1f}, "
             f"logprob {r.logprob_s:.1f}, train {r.train_s:.1f}, sync {r.weight_sync_s:.1f}); idle: "
             f"generation {r.idle_gen_s:.1f} s, training {r.idle_train_s:.1f} s; "
-            f"{self.speedup:.2f}x over the best AR sync layout ({self.baseline.step_s:.1f} s)"
+            f"{self.speedup:.2f}x over the best AR sync layout ({self.baseline.step_s:.1f} s), "
+            f"held-out error band +-{self.band:.0%}: {self.speedup * (1 - self.band):.2f}-"
+            f"{self.speedup * (1 + self.band):.2f}x"
         )
 
     def helm_values(self) -> str:
@@ -109,6 +117,7 @@ class Plan:
             "step": self.result.as_dict(),
             "baseline_best_ar_sync": self.baseline.as_dict(),
             "speedup_vs_ar_sync": round(self.speedup, 3),
+            "held_out_band": self.band,
             "workload": self.workload.model_dump(),
             "helm_values": self.helm_values(),
         }
@@ -145,8 +154,11 @@ def plan(
     draft: Speculation,
     ks: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7),
     lags: tuple[int, ...] = (0, 1, 2),
+    band: float = HELD_OUT_BAND,
 ) -> Plan:
-    """The fastest feasible (split, TP, k, lag); an error naming the reason when nothing fits."""
+    """The fastest feasible (split, TP, k, lag), except that a longer draft must beat the
+    shortest one within `band` of it (k=0, AR, first): the model cannot tell steps apart
+    closer than its held-out error. An error naming the reason when nothing fits."""
     if gpus < 2 * hw.gpus_per_node or gpus % hw.gpus_per_node:
         raise SimError(
             f"--gpus must be a multiple of {hw.name}'s {hw.gpus_per_node} GPUs per node and at least two "
@@ -192,10 +204,11 @@ def plan(
     if baseline is None or not allowed:
         raise SimError(f"no layout of {gpus} x {hw.name} fits {model.name}: " + "; ".join(sorted(reasons)))
     fastest = min(c[3].step_s for c in allowed)
-    # ties (within TIE of the fastest step: e.g. every k once generation hides behind
-    # training, or replicas of more GPUs that only shorten the weight push) go to the
-    # fewest GPUs per replica (no replica spanning pods where none is needed), then to the
-    # fastest generation (the most headroom for the tail)
-    tied = [c for c in allowed if c[3].step_s <= fastest * (1 + TIE)]
+    best = {k: min(c[3].step_s for c in allowed if c[1].k == k) for k in {c[1].k for c in allowed}}
+    k = min(k for k, step_s in best.items() if step_s <= fastest * (1 + band))
+    # ties (within TIE of that k's fastest step: e.g. replicas of more GPUs that only
+    # shorten the weight push) go to the fewest GPUs per replica (no replica spanning pods
+    # where none is needed), then to the fastest generation (the most headroom for the tail)
+    tied = [c for c in allowed if c[1].k == k and c[3].step_s <= best[k] * (1 + TIE)]
     layout, spec, lag, result = min(tied, key=lambda c: (c[0].gen_tp, c[3].gen_s))
-    return Plan(layout, spec, lag, result, baseline, hw.gpus_per_node, workload)
+    return Plan(layout, spec, lag, result, baseline, hw.gpus_per_node, workload, band)

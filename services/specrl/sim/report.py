@@ -14,35 +14,35 @@ from rich.console import Console
 from specrl.sim.calibrate import calibrate, error_summary
 from specrl.sim.decode import Replica
 from specrl.sim.hardware import GPU_EFFICIENCY
-from specrl.sim.speculation import Speculation
+from specrl.sim.speculation import EAGLE3_DECAY, Speculation
 from specrl.sim.validate import (
     COLOCATED_32,
     COLOCATED_512,
-    EAGLE3,
     GB200,
     QWEN3_8B,
     QWEN3_235B,
     RL_THINK,
     RL_ZERO,
     scenario_step,
-    validation_table,
+    validate,
 )
 from specrl.tables import markdown_table, print_table
 
-COLUMNS = ("name", "paper_value", "predicted", "rel_error", "bounded", "implied_acceptance_length")
+COLUMNS = ("name", "paper_value", "predicted", "rel_error", "in_sample_rel_error", "fitted")
 VALIDATION_COLUMNS = (
     "name",
     "paper_value",
     "predicted",
     "rel_error",
-    "bound",
-    "acceptance_length",
-    "implied_acceptance_length",
+    "in_sample",
+    "in_sample_rel_error",
     "note",
 )
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 KS = tuple(range(1, 9))
 LENGTHS = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
+# EAGLE-3 at AL 3 (k=3), longer drafts along the fitted decay
+EAGLE3 = Speculation.from_acceptance_length("eagle3", 3, 3.0, EAGLE3_DECAY)
 SCENARIOS = {
     "8b-rlzero-32": (QWEN3_8B, RL_ZERO, COLOCATED_32),
     "235b-rlthink-512": (QWEN3_235B, RL_THINK, COLOCATED_512),
@@ -105,7 +105,7 @@ def plot(report: dict, path: Path) -> None:
     paper_k = {3: 1.77, 5: 1.44, 7: 1.21}
     axes[0, 0].scatter(list(paper_k), list(paper_k.values()), color="k", marker="x", label="paper 8B RL-Zero")
     titles = (
-        ("generation speedup vs k (EAGLE-3, AL 3 at k=3)", "k", "speedup"),
+        ("generation speedup vs k (EAGLE-3, AL 3 at k=3, fitted decay)", "k", "speedup"),
         ("generation speedup vs acceptance length (k=3)", "acceptance length", "speedup"),
         ("steady-state tokens/s speedup vs batch (k=3)", "sequences per replica", "speedup"),
     )
@@ -128,7 +128,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set(title="RL step breakdown (sync, model)", ylabel="seconds")
     ax.tick_params(axis="x", labelsize=8)
     ax.legend()
-    fig.suptitle("specrl simulator: Qwen3 on GB200 (model, GPU priors; docs/simulator.md)")
+    fig.suptitle("specrl simulator: Qwen3 on GB200 (model, fitted GPU constants; docs/simulator.md)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -148,24 +148,28 @@ def _per_method(rows: list[dict]) -> list[dict]:
 
 def tables_markdown(report: dict) -> str:
     """Every table of the report, as Markdown (docs/bench/simulator.md)."""
-    cal = report["calibration"]
+    cal, gpu = report["calibration"], report["gpu_fit"]
     constants = [{"constant": k, "value": v} for k, v in cal["constants"].items()]
+    unknowns = [{"unknown": k, "value": v} for k, v in gpu["unknowns"].items()]
+    decode = cal["decode_fit"]
     fits = [
         {"fit": name, **{k: cal[name][k] for k in ("points", "rms_rel_error", "max_abs_rel_error")}}
         for name in ("decode_fit", "trainer_fit", "generation_check")
-    ]
-    decode = cal["decode_fit"]["rows"]
+    ] + [{"fit": "decode_fit held out", **decode["held_out"]}]
+    per_method = ("method", "draft", "points", "rms_rel_error", "max_abs_rel_error")
+    per_row = ("method", "draft", "k", "concurrency", "measured_ms", "predicted_ms", "rel_error")
     step_rows = cal["trainer_fit"]["rows"] + cal["generation_check"]["rows"]
     sections = [
-        ("Validation against the paper (`rel_error` = predicted / paper - 1)", validation_markdown(
+        ("Validation against the paper (`rel_error` = held-out predicted / paper - 1)", validation_markdown(
             report["validation"])),
+        ("GPU unknowns fitted to the paper's rows", markdown_table(unknowns, ("unknown", "value"))),
         (f"Calibration on {cal['hardware']} ({cal['model']}): fitted constants", markdown_table(
             constants, ("constant", "value"))),
         ("Fit errors", markdown_table(fits, ("fit", "points", "rms_rel_error", "max_abs_rel_error"))),
         ("Decode fit per method (`specrl bench rollout` rows)", markdown_table(
-            _per_method(decode), ("method", "draft", "points", "rms_rel_error", "max_abs_rel_error"))),
+            _per_method(decode["rows"]), per_method)),
         ("Decode fit, every row (ms per engine step)", markdown_table(
-            decode, ("method", "draft", "k", "concurrency", "measured_ms", "predicted_ms", "rel_error"))),
+            decode["rows"], (*per_row, "held_out_rel_error"))),
         ("Trainer fit and the generation check (`specrl bench step` sync rows)", markdown_table(
             step_rows, ("config", "stage", "measured_s", "predicted_s", "rel_error"))),
     ]  # fmt: skip
@@ -174,27 +178,40 @@ def tables_markdown(report: dict) -> str:
 
 
 def run_validate(out: Path, console: Console) -> dict:
-    """Calibrate, validate, sweep; write JSON and PNG; print the table."""
+    """Calibrate, fit and validate (held out), sweep; write JSON and PNG; print the table."""
+    with console.status("fitting the GPU unknowns to the paper's rows") as status:
+        validation = validate(progress=lambda message: status.update(message))
     report = {
         "meta": {
             "command": f"specrl simulate validate --out {out}",
             "date": datetime.date.today().isoformat(),
-            "gpu_efficiency_priors": GPU_EFFICIENCY.model_dump(),
+            "gpu_constants": GPU_EFFICIENCY.model_dump(),
         },
         "calibration": calibrate(),
-        "validation": validation_table(),
+        "gpu_fit": {
+            "unknowns": {k: float(f"{v:.4g}") for k, v in validation.unknowns.model_dump().items()},
+            **validation.summary(),
+        },
+        "validation": validation.rows,
         "sweeps": sweeps(),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, out.with_suffix(".png"))
     out.with_suffix(".md").write_text(tables_markdown(report))
-    print_table(report["validation"], COLUMNS, "paper vs model", console)
+    print_table(report["validation"], COLUMNS, "paper vs model (held out)", console)
+    gpu = report["gpu_fit"]
+    console.print(
+        f"paper rows: {gpu['speedup_rows_within_goal']} of {gpu['speedup_rows']} speedups within "
+        f"{gpu['goal']:.0%} held out; fitted rows rms {gpu['held_out_rms']:.1%} held out, "
+        f"{gpu['in_sample_rms']:.1%} in sample"
+    )
     fits = {k: report["calibration"][k] for k in ("decode_fit", "trainer_fit", "generation_check")}
     for name, fit in fits.items():
         console.print(
             f"{name}: {fit['points']} points, rms rel error {fit['rms_rel_error']:.1%}, "
             f"max {fit['max_abs_rel_error']:.1%}"
+            + (f"; held out {fit['held_out']['rms_rel_error']:.1%}" if "held_out" in fit else "")
         )
     console.print(f"wrote {out}, {out.with_suffix('.png')} and {out.with_suffix('.md')}")
     return report

@@ -17,6 +17,11 @@ from specrl.sim.errors import SimError
 from specrl.sim.models import ModelShape, eagle3_head, get_model
 from specrl.speculation import MAX_SPECULATIVE_TOKENS, Method
 
+# How EAGLE-3's conditional acceptance falls along the draft (position i+1's over
+# position i's), fitted to the paper's k series (sim/validate.py, `specrl simulate
+# validate`): what draft lengths other than a stated one are extrapolated with.
+EAGLE3_DECAY = 0.515
+
 
 class Speculation(BaseModel):
     """Draft method, draft length k and the per-position acceptance that goes with it."""
@@ -45,12 +50,20 @@ class Speculation(BaseModel):
         return cls(method=method, k=k, acceptance=(alpha,) * k, **kw)
 
     @classmethod
-    def from_acceptance_length(cls, method: Method, k: int, length: float, **kw: object) -> Speculation:
-        """Geometric acceptance that gives the stated acceptance `length` at draft length k
-        (the form in which papers report acceptance)."""
+    def from_acceptance_length(
+        cls, method: Method, k: int, length: float, decay: float = 1.0, **kw: object
+    ) -> Speculation:
+        """Acceptance that gives the stated acceptance `length` at draft length k (the form
+        in which papers report acceptance): a * decay^(i-1) at position i, a solved for
+        (decay 1: the same at every position). Positions up to the longest draft are
+        filled, so `with_k` extends a draft along the same decay."""
         if not 1.0 <= length <= k + 1:
             raise SimError(f"acceptance length {length} is outside [1, k+1] = [1, {k + 1}]")
-        return cls.geometric(method, k, geometric_alpha(k, length), **kw)
+        if not 0.0 < decay <= 1.0:
+            raise SimError(f"acceptance decay must lie in (0, 1], got {decay}")
+        a = decayed_alpha(k, length, decay)
+        curve = tuple(min(1.0, a * decay**i) for i in range(max(k, MAX_SPECULATIVE_TOKENS)))
+        return cls(method=method, k=k, acceptance=curve, **kw)
 
     @property
     def acceptance_length(self) -> float:
@@ -78,13 +91,13 @@ def parse_acceptance(
     method: Method, per_position: str | None, length: float | None, k: int = 3
 ) -> Speculation:
     """A draft from a user's inputs: conditional acceptance per position ("0.9,0.8,0.7", as
-    vLLM's per-position counters measure it) or an acceptance length at draft length `k`
-    (spread geometrically), not both; neither: acceptance length 3 at k=3 (the only
-    EAGLE-3 value the paper states)."""
+    vLLM's per-position counters measure it; the last value extends) or an acceptance
+    length at draft length `k` (spread along EAGLE3_DECAY), not both; neither: acceptance
+    length 3 at k=3 (the only EAGLE-3 value the paper states)."""
     if per_position is not None and length is not None:
         raise SimError("give per-position acceptance or an acceptance length, not both")
     if per_position is None:
-        return Speculation.from_acceptance_length(method, k, 3.0 if length is None else length)
+        return Speculation.from_acceptance_length(method, k, 3.0 if length is None else length, EAGLE3_DECAY)
     try:
         values = tuple(float(v) for v in per_position.split(","))
     except ValueError:
@@ -106,10 +119,16 @@ def acceptance_length(acceptance: tuple[float, ...] | list[float]) -> float:
     return 1.0 + float(np.sum(np.cumprod(np.asarray(acceptance, dtype=float))))
 
 
-def geometric_alpha(k: int, length: float) -> float:
-    """The per-position acceptance alpha with 1 + alpha + ... + alpha^k = length."""
+def decayed_alpha(k: int, length: float, decay: float = 1.0) -> float:
+    """The first position's acceptance a for which acceptance a * decay^(i-1) at positions
+    1..k gives `length` (decay 1: 1 + a + ... + a^k = length)."""
     if length <= 1.0:
         return 0.0
-    if length >= k + 1:
-        return 1.0
-    return float(brentq(lambda a: acceptance_length((a,) * k) - length, 0.0, 1.0))
+
+    def gap(a: float) -> float:
+        return acceptance_length([min(1.0, a * decay**i) for i in range(k)]) - length
+
+    top = decay ** -(k - 1)  # every position accepted
+    if gap(top) <= 0:
+        return top
+    return float(brentq(gap, 0.0, top))
