@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# GPU images: the rollout server (target `rollout`), and the trainer and draft-trainer
-# (target `trainer`), both on the official vLLM image. One base on purpose: policy and
+# GPU images: the rollout server (target `rollout`), the trainer and draft-trainer
+# (target `trainer`), and the Ray nodes that run all of them as actors (target `ray`,
+# deploy/ray), all on the official vLLM image. One base on purpose: policy and
 # draft weights travel over NCCL groups that join trainer and rollout processes, so both
 # sides run the same torch and NCCL build. The tag is the vLLM release line specrl's engine
 # code supports (SUPPORTED_RELEASE in services/specrl/rollout/engines/vllm; the rollout
@@ -10,6 +11,8 @@
 #     --target rollout -t ghcr.io/specrl/specrl-rollout:0.1.0 .
 #   docker buildx build --platform linux/amd64,linux/arm64 -f images/gpu.Dockerfile \
 #     --target trainer -t ghcr.io/specrl/specrl-trainer:0.1.0 .
+#   docker buildx build --platform linux/amd64,linux/arm64 -f images/gpu.Dockerfile \
+#     --target ray -t ghcr.io/specrl/specrl-ray:0.1.0 .
 FROM vllm/vllm-openai:v0.32.0 AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -45,3 +48,14 @@ CMD ["serve", "trainer", "--config", "/etc/specrl/trainer.yaml"]
 FROM runtime AS rollout
 ENV SPECRL_HEALTH_ADDRESS=127.0.0.1:50051
 CMD ["serve", "rollout", "--config", "/etc/specrl/rollout.yaml"]
+
+# A KubeRay head or worker (deploy/ray): `launcher: ray` runs every service as an actor
+# on these nodes. KubeRay runs `ray start` itself (no entrypoint); ray[default] brings the
+# dashboard's job server, which a RayJob submits to. RAY_VERSION: rayVersion in deploy/ray.
+FROM runtime AS ray
+ARG RAY_VERSION=2.60.0
+USER 0
+RUN python3 -m pip install --no-cache-dir "ray[default]==${RAY_VERSION}"
+USER 10001
+ENTRYPOINT []
+CMD ["ray", "--help"]

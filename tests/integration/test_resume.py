@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,12 +27,11 @@ import yaml
 
 from specrl.trainer import checkpoint
 
-from helpers import http_json, tiny_run_config, wait_for
+from helpers import SpecrlRun, run_steps, tiny_run_config, wait_for_steps
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(1500)]
 
 STEPS, PROMPTS, N = 10, 4, 4
-TOKEN = "resume-test-token"
 
 
 def _config(tmp_path: Path, **orchestrator) -> Path:
@@ -48,62 +44,6 @@ def _config(tmp_path: Path, **orchestrator) -> Path:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-class SpecrlRun:
-    """`specrl run` as a child process, its terminal output in a file (a pipe nobody
-    reads could fill and stall it)."""
-
-    def __init__(self, config: Path, *flags: str) -> None:
-        self.log = config.parent / f"run-{len(list(config.parent.glob('run-*.out')))}.out"
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "specrl.cli", "run", "--config", str(config), *flags],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "SPECRL_CONTROL_TOKEN": TOKEN},
-            )
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def says(self, phrase: str) -> bool:
-        """Whether the output holds `phrase`, wherever rich broke its lines (a file is no
-        terminal: rich wraps at 80 columns, where the run directory's length decides)."""
-        return phrase in " ".join(self.output().split())
-
-    def wait(self, timeout: float) -> int:
-        return self.proc.wait(timeout=timeout)
-
-    def wait_resumed(self) -> None:
-        """Until `--resume` has cut the step log back to the checkpoint (or the run ended):
-        steps are counted from then. Counted before, the killed run's steps past its
-        checkpoint were taken for the new run's, and the next fault struck a run whose
-        services were not up yet (seen once: a pause that landed two steps late)."""
-        wait_for(lambda: self.says("resumed at version") or self.proc.poll() is not None, 300, "the resume")
-
-    def pause(self) -> None:
-        """Hold the loop at its next step boundary (the status page's control API)."""
-        port = int(re.search(r"status page on :(\d+)", " ".join(self.output().split())).group(1))
-        assert http_json(port, "/api/pause", method="POST", token=TOKEN)[0] == 200
-        wait_for(lambda: http_json(port, "/api/status")[1]["state"] == "paused", 120, "the pause")
-
-
-def _steps(run_dir: Path) -> list[dict]:
-    path = run_dir / "steps.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _wait_for_steps(run: SpecrlRun, run_dir: Path, n: int, timeout: float = 900) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while len(records := _steps(run_dir)) < n:
-        if run.proc.poll() is not None:
-            pytest.fail(f"specrl run exited with {run.proc.returncode} before step {n}:\n{run.output()}")
-        if time.monotonic() > deadline:
-            run.proc.kill()
-            pytest.fail(f"no step {n} after {timeout}s")
-        time.sleep(0.5)
-    return records
 
 
 def _children(pid: int) -> dict[int, str]:
@@ -177,14 +117,14 @@ def test_a_run_resumes_after_each_process_is_killed_with_nothing_lost_or_trained
             run = SpecrlRun(config, *(["--resume"] if previous else []))
             if previous:
                 run.wait_resumed()
-        _wait_for_steps(run, run_dir, logged)
+        wait_for_steps(run, run_dir, logged)
         if victim is None:
             assert run.wait(timeout=600) == 0, run.output()
         else:
             _kill(run, victim)
         if victim == "serve rollout":
             continue  # the same run goes on (restarted and caught up: checked by _kill)
-        log = _steps(run_dir)
+        log = run_steps(run_dir)
         if previous is not None:
             killed, version = previous
             assert run.says(f"resumed at version {version}"), run.output()
@@ -197,7 +137,7 @@ def test_a_run_resumes_after_each_process_is_killed_with_nothing_lost_or_trained
             assert len(log) >= logged and len(log) > meta["step"], "the trainer's fault must cost a step"
         run = None
 
-    final = _steps(run_dir)
+    final = run_steps(run_dir)
     assert [r["step"] for r in final] == list(range(STEPS)), "every step once"
     groups = [g for r in final for g in r["group_ids"]]
     assert len(groups) == len(set(groups)) == STEPS * PROMPTS, "a group trained on twice"

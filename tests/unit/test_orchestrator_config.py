@@ -59,6 +59,11 @@ def _write(tmp_path, text: str, name: str = "run.yaml"):
         ("rollout: {server: {port: 0, engine: {nnodes: 2, tensor_parallel_size: 2}}}", "a fixed port"),
         ("rollout: {server: {engine: {nnodes: 2, tensor_parallel_size: 3}}}", "split evenly over nnodes"),
         ("orchestrator: {services_timeout_s: 0}", "services_timeout_s"),
+        ("launcher: slurm", "launcher"),
+        ("ray: {address: auto}", "no effect with launcher local"),
+        ("launcher: ray\nray: {trainer_procs_per_node: 3}\ntrainer: {server: {trainer: {tp: 2, dp: 2}}}",
+         "must divide the trainer's tp x dp ranks"),
+        ("launcher: ray\nray: {cpus_per_process: 0}", "ray.cpus_per_process"),
     ],
 )  # fmt: skip
 def test_bad_run_configs_name_the_field(tmp_path, yaml_text, message):

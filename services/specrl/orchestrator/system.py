@@ -1,20 +1,33 @@
 """The services a run needs, on this machine or elsewhere: a Redis server (started here
 when no `redis.url` is configured), rollout replicas, trainer ranks and the optional
-draft-trainer (started here as child processes from their configs, or reached at
-configured addresses). Everything started here is tracked by pid and stopped on exit,
-and a service that fails to start stops the others and reports its log tail."""
+draft-trainer (started by the run from their configs, or reached at configured
+addresses). The run starts them as child processes (`launcher: local`) or as Ray actors
+on a Ray cluster (`launcher: ray`, orchestrator/ray_launcher.py). Everything started is
+tracked and stopped on exit, and a service that fails to start stops the others and
+reports its log tail."""
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 from specrl import serving
 from specrl.config import RunConfig
-from specrl.launcher import ServerDied, ServiceProcess, free_port, start_all
+from specrl.launcher import ServerDied, Service, ServiceProcess, free_port, start_all
 from specrl.orchestrator.discovery import Discovery, DiscoveryError, open_discovery
+from specrl.orchestrator.ray_launcher import (
+    PlacementGroups,
+    RayService,
+    RayUnavailable,
+    connect,
+    placement_plan,
+)
 from specrl.queue.redis_server import RedisServer
 
 log = logging.getLogger("specrl.system")
@@ -51,9 +64,10 @@ class System:
         self.logs = run_dir / "logs"
         self.redis_dir = run_dir / "redis"
         self.redis: RedisServer | None = None
-        self.rollout: list[ServiceProcess] = []
-        self.trainer: list[ServiceProcess] = []
-        self.draft_trainer: ServiceProcess | None = None
+        self.rollout: list[Service] = []
+        self.trainer: list[Service] = []
+        self.draft_trainer: Service | None = None
+        self.placement: PlacementGroups | None = None  # launcher: ray
         self.discovery: Discovery | None = None  # rollout.discover, once started
         self.redis_url = cfg.redis.url or ""
         self.replicas: list[str] = list(cfg.rollout.addresses)
@@ -85,28 +99,15 @@ class System:
             check_reachable(cfg.trainer.address, "trainer", wait_s)
         if cfg.draft_trainer.enabled and cfg.draft_trainer.address:
             check_reachable(cfg.draft_trainer.address, "draft-trainer", wait_s)
+        if cfg.launcher == "ray":
+            self._place_on_ray()
         if not cfg.redis.url:
             self.redis = RedisServer(self.redis_dir, aof=cfg.redis.aof).start()
             self.redis_url = self.redis.url
         for i in range(cfg.rollout.replicas):
-            self.rollout.append(
-                ServiceProcess(cfg.rollout.server, service="rollout", log_path=self.logs / f"rollout-{i}.log")
-            )
+            self.rollout.append(self._service(cfg.rollout.server, "rollout", f"rollout-{i}", f"rollout-{i}"))
         if not cfg.trainer.address:
-            server = cfg.trainer.server
-            t = server.trainer
-            world = t.tp * t.dp
-            env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-            for rank in range(world):
-                self.trainer.append(
-                    ServiceProcess(
-                        server,
-                        service="trainer",
-                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)} if world > 1 else {},
-                        log_path=self.logs / f"trainer-{rank}.log",
-                        wait_ready=rank == 0,  # the other ranks serve nothing themselves
-                    )
-                )
+            self._trainer_ranks()
         try:
             start_all([*self.rollout, *self.trainer])
         except ServerDied as e:
@@ -118,6 +119,63 @@ class System:
             self.trainer_address = self.trainer[0].address
         if cfg.draft_trainer.enabled and not cfg.draft_trainer.address:
             self._start_draft_trainer()
+
+    def _service(
+        self, cfg: BaseModel, service: str, name: str, group: str, index: int = 0, **kw: Any
+    ) -> Service:
+        """A service to start: a child process here, or an actor in bundle `index` of
+        placement group `group` (launcher: ray; the GPUs it takes: ray_launcher)."""
+        if self.placement is None:
+            return ServiceProcess(cfg, service=service, log_path=self.logs / f"{name}.log", **kw)
+        gpus = 0
+        if self.cfg.ray.gpus:
+            gpus = self.cfg.rollout.server.engine.tensor_parallel_size if service == "rollout" else 1
+        return RayService(
+            self.placement, group, index, cfg, service=service, name=name, gpus=gpus,
+            cpus=self.cfg.ray.cpus_per_process, **kw,
+        )  # fmt: skip
+
+    def _trainer_ranks(self) -> None:
+        """The trainer's tp x dp ranks (torchrun's environment), rank 0 the one that
+        serves; on Ray `trainer_procs_per_node` ranks per bundle, each rank's one GPU its
+        device 0 (Ray sets CUDA_VISIBLE_DEVICES), the rendezvous on rank 0's node."""
+        server = self.cfg.trainer.server
+        world = server.trainer.tp * server.trainer.dp
+        per_node = self.cfg.ray.trainer_procs_per_node
+        for rank in range(world):
+            group_index = rank // per_node if self.placement is not None else 0
+            self.trainer.append(
+                self._service(
+                    server, "trainer", f"trainer-{rank}", "trainer", group_index,
+                    wait_ready=rank == 0,  # the other ranks serve nothing themselves
+                )
+            )  # fmt: skip
+        if world == 1:
+            return
+        if self.placement is None:
+            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        else:
+            first = self.trainer[0]
+            assert isinstance(first, RayService)
+            env = {"MASTER_ADDR": first.place(), "MASTER_PORT": str(first.free_port())}
+        for rank, p in enumerate(self.trainer):
+            local = rank if self.placement is None else 0
+            p.env = {**env, "WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(local)}
+
+    def _place_on_ray(self) -> None:
+        """Join the Ray cluster and create the run's placement groups (ray_launcher), if
+        the run starts any service itself."""
+        needs, strategy = placement_plan(self.cfg)
+        if not needs:
+            return
+        try:
+            ray = connect(self.cfg.ray)
+            # named per start: a comparison run's groups and actors may coexist with the last's
+            run = f"specrl-{self.cfg.name}-{secrets.token_hex(3)}"
+            self.placement = PlacementGroups(ray, run, self.cfg.ray.placement_timeout_s)
+            self.placement.create(needs, strategy)
+        except RayUnavailable as e:
+            raise StartupError(str(e)) from None
 
     @staticmethod
     def _first_replicas(discover: Discovery, timeout_s: float) -> list[str]:
@@ -153,8 +211,8 @@ class System:
         }
         if not cfg.trainer.address and server.target is None:
             fill["target"] = cfg.trainer.server.trainer.model
-        self.draft_trainer = ServiceProcess(
-            server.model_copy(update=fill), service="draft-trainer", log_path=self.logs / "draft-trainer.log"
+        self.draft_trainer = self._service(
+            server.model_copy(update=fill), "draft-trainer", "draft-trainer", "draft-trainer"
         )
         try:
             self.draft_trainer.start()
@@ -168,23 +226,25 @@ class System:
         ServiceDied, naming it and its log tail, for any other service started here that
         exited (the run stops with its state kept; `specrl run --resume` continues)."""
         for p in self.rollout:
-            dead = p.proc is not None and p.proc.poll() is not None
-            if dead and self._restarts[p.address] < self._max_restarts:
+            code = p.exit_code()
+            if code is not None and self._restarts[p.address] < self._max_restarts:
                 n = self._restarts[p.address] = self._restarts[p.address] + 1
                 log.warning(
                     "rollout server %s exited with %s: starting it again (restart %d of %d); log tail:\n%s",
-                    p.address, p.proc.returncode, n, self._max_restarts, p.log_tail(10),
+                    p.address, code, n, self._max_restarts, p.log_tail(10),
                 )  # fmt: skip
                 p.start(wait=False)
-        named = [(f"trainer rank {i}", p.proc, p.log_tail) for i, p in enumerate(self.trainer)]
+        named: list[tuple[str, Service | RedisServer]] = [
+            (f"trainer rank {i}", p) for i, p in enumerate(self.trainer)
+        ]
         if self.draft_trainer is not None:
-            named.append(("draft-trainer", self.draft_trainer.proc, self.draft_trainer.log_tail))
-        named += [(f"rollout server {p.address}", p.proc, p.log_tail) for p in self.rollout]
+            named.append(("draft-trainer", self.draft_trainer))
+        named += [(f"rollout server {p.address}", p) for p in self.rollout]
         if self.redis is not None:
-            named.append(("redis", self.redis.proc, self.redis.log_tail))
-        for what, proc, tail in named:
-            if proc is not None and proc.poll() is not None:
-                raise ServiceDied(f"{what} exited with {proc.returncode}; log tail:\n{tail()}")
+            named.append(("redis", self.redis))
+        for what, p in named:
+            if (code := p.exit_code()) is not None:
+                raise ServiceDied(f"{what} exited with {code}; log tail:\n{p.log_tail()}")
         self._check_trainer_elsewhere()
 
     def _check_trainer_elsewhere(self, every_s: float = 5.0) -> None:
@@ -204,6 +264,8 @@ class System:
             p.stop()
         if self.redis is not None:
             self.redis.stop()
+        if self.placement is not None:
+            self.placement.remove()
 
     def __enter__(self) -> System:
         return self.start()

@@ -75,6 +75,10 @@ class RedisServer:
         client.close()
         return self
 
+    def exit_code(self) -> int | None:
+        """None while the server runs (or before it started), else its exit status."""
+        return None if self.proc is None else self.proc.poll()
+
     def log_tail(self, lines: int = 10) -> str:
         path = self.data_dir / "redis.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""

@@ -1,0 +1,320 @@
+"""`launcher: ray`: the services a run starts, as Ray actors on a Ray cluster (KubeRay,
+Anyscale, `ray start`), placed by placement groups that say what the Helm chart says:
+each rollout replica's GPUs in one bundle, the trainer's ranks one node's worth per
+bundle (the chart's procsPerNode: their collectives stay on the node's NVLink), the
+draft-trainer in a bundle of its own; generation and training sized independently.
+
+Each actor runs the same server a pod runs: `specrl serve ...` as a child process of the
+actor (launcher.ServiceProcess, on the actor's node, bound to that node's address, with
+the GPUs Ray gave the actor). Everything between the services stays as it is: gRPC, the
+weight-sync groups over torch.distributed, Redis streams. Ray places processes; it is
+not a second transport.
+
+Faults match the local launcher's (orchestrator/system.py): a rollout replica whose
+actor or server died is started again in its bundle (the same node, on the address the
+run knows it by); a dead trainer or draft-trainer stops the run with its state kept for
+`specrl run --resume`. Placement groups and actors are named after the run and removed
+when it stops."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel
+
+from specrl.config import RayLauncherConfig, RunConfig
+from specrl.launcher import ServerDied, ServiceProcess, free_port
+
+# Ray releases the launcher is written for: placement groups, named actors, namespaces and
+# `ray.util.get_node_ip_address` as in these (KubeRay's images ship 2.40 and later).
+RAY_SUPPORTED = ((2, 40), (3, 0))  # [oldest, first unsupported)
+ACTOR_CALL_S = 60.0  # a call to a live actor answers within this
+
+
+class RayUnavailable(RuntimeError):
+    """No Ray cluster to run on, a Ray release the launcher does not support, or too few
+    resources for the run's placement groups: said before anything starts."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable(
+            "launcher: ray needs the ray package on this machine and on the cluster's nodes: "
+            "pip install 'specrl[ray]'"
+        ) from None
+    version = tuple(int(part) for part in ray.__version__.split(".")[:2])
+    low, high = RAY_SUPPORTED
+    if not low <= version < high:
+        raise RayUnavailable(
+            f"ray {ray.__version__} is not supported by the launcher (ray >= {low[0]}.{low[1]}, "
+            f"< {high[0]}.{high[1]})"
+        )
+    return ray
+
+
+def connect(cfg: RayLauncherConfig) -> Any:
+    """Join the Ray cluster as a driver (its namespace: the run's actors are found by
+    name there); the `ray` module. A cluster that is not there is said at once (a GCS
+    address is tried by TCP first: ray.init would retry it for a minute)."""
+    ray = _ray()
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise RayUnavailable(
+            "launcher: ray needs a Ray cluster: set ray.address (auto, HOST:PORT or ray://HOST:10001) or "
+            "RAY_ADDRESS"
+        )
+    if address != "auto":
+        parts = urlsplit(address if "://" in address else f"gcs://{address}")
+        try:
+            socket.create_connection((parts.hostname, parts.port or 6379), timeout=5.0).close()
+        except OSError as e:
+            raise RayUnavailable(f"no Ray cluster reachable at {address} ({e.strerror or e})") from None
+    if ray.is_initialized():
+        return ray
+    try:
+        ray.init(address=address, namespace=cfg.namespace, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError) as e:
+        raise RayUnavailable(f"could not join the Ray cluster at {address}: {e}") from None
+    return ray
+
+
+def bundle(cpus: float, gpus: int) -> dict[str, float]:
+    """A placement-group bundle (Ray refuses empty resource entries)."""
+    return {"CPU": cpus, **({"GPU": float(gpus)} if gpus else {})}
+
+
+def placement_plan(cfg: RunConfig) -> tuple[dict[str, list[dict[str, float]]], dict[str, str]]:
+    """The run's placement groups: name -> bundles, and name -> strategy. The trainer's
+    come first (Ray places groups in the order they are made: whole nodes for its bundles
+    before one-GPU replicas fragment them), then the draft-trainer's, then one group per
+    rollout replica (a replica's GPUs in one bundle, so on one node)."""
+    ray_cfg = cfg.ray
+    cpus, gpus = ray_cfg.cpus_per_process, ray_cfg.gpus
+    needs: dict[str, list[dict[str, float]]] = {}
+    strategy: dict[str, str] = {}
+    if not cfg.trainer.address:
+        t = cfg.trainer.server.trainer
+        per_node = ray_cfg.trainer_procs_per_node
+        needs["trainer"] = [bundle(cpus * per_node, per_node if gpus else 0)] * (t.tp * t.dp // per_node)
+        strategy["trainer"] = "PACK"
+    if cfg.draft_trainer.enabled and not cfg.draft_trainer.address:
+        needs["draft-trainer"] = [bundle(cpus, 1 if gpus else 0)]
+        strategy["draft-trainer"] = "STRICT_PACK"
+    tp = cfg.rollout.server.engine.tensor_parallel_size
+    for i in range(cfg.rollout.replicas):
+        needs[f"rollout-{i}"] = [bundle(cpus, tp if gpus else 0)]
+        strategy[f"rollout-{i}"] = "STRICT_PACK"
+    return needs, strategy
+
+
+def check_resources(ray: Any, needs: dict[str, list[dict[str, float]]]) -> None:
+    """Every placement group's bundles against the cluster's total resources, before any
+    is created: too few is an error naming what is missing (an autoscaling cluster that
+    could add nodes is not asked: its maximum is not known here)."""
+    total: dict[str, float] = {}
+    for bundles in needs.values():
+        for b in bundles:
+            for resource, amount in b.items():
+                total[resource] = total.get(resource, 0.0) + amount
+    have = ray.cluster_resources()
+    short = {r: (n, have.get(r, 0.0)) for r, n in total.items() if have.get(r, 0.0) < n}
+    if short:
+        missing = ", ".join(f"{n:g} {r} (the cluster has {h:g})" for r, (n, h) in sorted(short.items()))
+        groups = "; ".join(f"{name}: {bundles}" for name, bundles in needs.items())
+        raise RayUnavailable(f"the run's placement groups need {missing}: {groups}")
+
+
+class PlacementGroups:
+    """The run's placement groups by name, created together and removed together."""
+
+    def __init__(self, ray: Any, run: str, timeout_s: float) -> None:
+        self.ray, self.run, self.timeout_s = ray, run, timeout_s
+        self.groups: dict[str, Any] = {}
+
+    def create(self, needs: dict[str, list[dict[str, float]]], strategy: dict[str, str]) -> None:
+        from ray.util.placement_group import placement_group
+
+        check_resources(self.ray, needs)
+        for name, bundles in needs.items():
+            self.groups[name] = placement_group(bundles, strategy=strategy[name], name=f"{self.run}-{name}")
+        for name, group in self.groups.items():
+            try:
+                self.ray.get(group.ready(), timeout=self.timeout_s)
+            except self.ray.exceptions.GetTimeoutError:
+                raise RayUnavailable(
+                    f"placement group {self.run}-{name} ({needs[name]}, {strategy[name]}) was not placed in "
+                    f"{self.timeout_s:g}s: no node has room for one of its bundles"
+                ) from None
+
+    def strategy(self, name: str, index: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.groups[name], placement_group_bundle_index=index
+        )
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for group in self.groups.values():
+            remove_placement_group(group)
+        self.groups.clear()
+
+
+class ServiceHost:
+    """The actor: hosts one specrl service (a child process) on its node."""
+
+    def __init__(self) -> None:
+        self.process: ServiceProcess | None = None
+
+    def node_address(self) -> str:
+        """The address Ray knows this node by (its NodeManagerAddress: the pod IP on
+        KubeRay, what `ray start --node-ip-address` set), which the other nodes reach."""
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        return next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node)
+
+    def free_port(self) -> int:
+        return free_port(self.node_address())
+
+    def start(self, cfg: BaseModel, service: str, env: dict[str, str], wait_ready: bool) -> int | None:
+        """Start the service on this node (bound to the node's address) and, when it
+        serves, return its port."""
+        host = self.node_address()
+        update: dict[str, Any] = {"host": host}
+        sender = getattr(cfg, "weight_sync", None)
+        if sender is not None and hasattr(sender, "host"):  # receivers reach its store here
+            update["weight_sync"] = sender.model_copy(update={"host": host})
+        log = Path(tempfile.mkdtemp(prefix=f"specrl-{service}-")) / "server.log"
+        self.process = ServiceProcess(
+            cfg.model_copy(update=update), service=service, env=env, log_path=log, wait_ready=wait_ready
+        )
+        self.process.start()
+        return self.process.port
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.exit_code()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "(not started)" if self.process is None else self.process.log_tail(lines)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+class RayService:
+    """One service in an actor, driven from `specrl run` the way System drives a local
+    ServiceProcess (start, wait, exit_code, log_tail, stop)."""
+
+    def __init__(
+        self,
+        groups: PlacementGroups,
+        group: str,
+        index: int,
+        cfg: BaseModel,
+        *,
+        service: str,
+        name: str,
+        gpus: int,
+        cpus: float,
+        env: dict[str, str] | None = None,
+        wait_ready: bool = True,
+    ) -> None:
+        self.groups, self.group, self.index = groups, group, index
+        self.cfg, self.service, self.name = cfg, service, name
+        self.gpus, self.cpus, self.env = gpus, cpus, env or {}
+        self.wait_ready = wait_ready
+        self.actor: Any = None
+        self.node: str | None = None
+        self.port: int | None = None
+        self._started: Any = None  # the start call's result, until waited for
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise RuntimeError(f"{self.name} not started")
+        return f"{self.node}:{self.port}"
+
+    def place(self) -> str:
+        """Create the actor in its bundle (no service yet): the node's address, e.g. for
+        the trainer's rendezvous before any rank starts."""
+        ray = self.groups.ray
+        host = ray.remote(ServiceHost).options(
+            name=f"{self.groups.run}-{self.name}",
+            num_cpus=self.cpus,
+            num_gpus=self.gpus,
+            max_restarts=0,  # a dead service is handled as a dead pod is: System.check_alive
+            scheduling_strategy=self.groups.strategy(self.group, self.index),
+        )
+        self.actor = host.remote()
+        self.node = ray.get(self.actor.node_address.remote(), timeout=ACTOR_CALL_S)
+        return self.node
+
+    def free_port(self) -> int:
+        return self.groups.ray.get(self.actor.free_port.remote(), timeout=ACTOR_CALL_S)
+
+    def start(self, *, wait: bool = True) -> RayService:
+        """Start the service (placing a new actor when there is none or it died: a
+        restart lands in the same bundle, so on the same node)."""
+        if self.actor is None or self.exit_code() is not None:
+            self.kill()
+            self.place()
+        self._started = self.actor.start.remote(self.cfg, self.service, self.env, self.wait_ready)
+        if wait:
+            self.wait()
+        return self
+
+    def wait(self) -> RayService:
+        ray = self.groups.ray
+        try:
+            port = ray.get(self._started)
+        except ray.exceptions.RayError as e:
+            raise ServerDied(f"{self.name} on {self.node} did not start: {_cause(e)}") from None
+        self.port = port if port is not None else self.port
+        return self
+
+    def exit_code(self) -> int | None:
+        """None while the service runs; its exit status, or -1 for an actor that died."""
+        ray = self.groups.ray
+        if self.actor is None:
+            return None
+        try:
+            return ray.get(self.actor.exit_code.remote(), timeout=ACTOR_CALL_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return -1
+
+    def log_tail(self, lines: int = 40) -> str:
+        ray = self.groups.ray
+        try:
+            return ray.get(self.actor.log_tail.remote(lines), timeout=ACTOR_CALL_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, AttributeError):
+            return f"(the actor {self.groups.run}-{self.name} on {self.node} is gone with its log)"
+
+    def stop(self) -> None:
+        if self.actor is None:
+            return
+        ray = self.groups.ray
+        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            ray.get(self.actor.stop.remote(), timeout=ACTOR_CALL_S)  # gone already: killed below
+        self.kill()
+
+    def kill(self) -> None:
+        """End the actor (its service, a child that dies with it, goes too)."""
+        if self.actor is not None:
+            self.groups.ray.kill(self.actor)
+            self.actor = None
+
+
+def _cause(error: Exception) -> str:
+    cause = getattr(error, "cause", None)
+    return str(cause if cause is not None else error).strip().splitlines()[-1]

@@ -1,0 +1,123 @@
+"""`launcher: ray` on a real Ray cluster: a Ray head started on loopback (`ray start
+--head`, the `ray` package from PyPI) for this module and stopped after it. The CPU tiny
+run goes end to end through the launcher, every service a Ray actor in its placement
+group; mid-run its rollout replica's actor is killed (started again in its bundle, the
+run goes on) and then its trainer's actor (the run stops with its state kept), and
+`specrl run --resume` finishes it with every step once and no group trained twice. Bad
+input (no cluster, too few resources, a Ray release the launcher does not support) is an
+error before anything starts."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specrl.config import RayLauncherConfig, RunConfig
+from specrl.launcher import free_port
+from specrl.orchestrator import ray_launcher
+from specrl.orchestrator.system import StartupError, System
+
+from helpers import SpecrlRun, run_steps, tiny_run_config, wait_for_steps
+
+pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
+RAY = str(Path(sys.executable).with_name("ray"))
+STEPS, PROMPTS, N = 6, 4, 4
+
+
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[str]:
+    """A one-node Ray cluster on loopback with 8 logical CPUs (placement needs, not this
+    machine's cores); its address. A short temp dir: Ray's sockets live there."""
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    port = free_port()
+    subprocess.run(
+        [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "8",
+         "--num-gpus", "0", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+def driver(ray_head) -> Iterator:
+    """This process joined to the cluster (the run's namespace), left afterwards."""
+    ray = ray_launcher.connect(RayLauncherConfig(address=ray_head))
+    yield ray
+    ray.shutdown()
+
+
+def _config(tmp_path: Path, address: str, **ray: object) -> dict:
+    cfg = tiny_run_config(tmp_path, steps=STEPS, checkpoint_every=2, max_lag=0)
+    cfg["data"]["prompts_per_step"], cfg["sampling"]["n"] = PROMPTS, N
+    cfg["launcher"] = "ray"
+    cfg["ray"] = {"address": address, "gpus": False, **ray}
+    return cfg
+
+
+def _actor(ray, suffix: str) -> str:
+    """The name of the run's live actor ending in `suffix` (-rollout-0, -trainer-0)."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(suffix)]
+    assert len(names) == 1, names
+    return names[0]
+
+
+def test_a_run_on_ray_survives_a_killed_replica_and_resumes_after_a_killed_trainer(
+    zoo, servers, ray_head, driver, tmp_path
+):
+    servers.close()  # two cores: no other engine while these run
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(_config(tmp_path, ray_head)))
+    run_dir = tmp_path / "t"
+    run = SpecrlRun(config)
+    wait_for_steps(run, run_dir, 2)
+    # the services are actors on the cluster, each in its own placement group's bundle
+    groups = {g["name"]: g for g in driver.util.placement_group_table().values()}
+    live = {n.split("-", 3)[-1] for n, g in groups.items() if g["state"] == "CREATED"}
+    assert live == {"rollout-0", "trainer"}, groups
+    replica = _actor(driver, "-rollout-0")
+    driver.kill(driver.get_actor(replica, namespace="specrl"))
+    deadline = time.monotonic() + 300  # started again in its bundle and caught up
+    while not (run.says("starting it again (restart 1 of 3)") and run.says("catch-up push")):
+        assert run.proc.poll() is None and time.monotonic() < deadline, run.output()
+        time.sleep(0.5)
+    wait_for_steps(run, run_dir, 4)
+    driver.kill(driver.get_actor(_actor(driver, "-trainer-0"), namespace="specrl"))
+    assert run.wait(timeout=300) == 75 and run.says("specrl run --resume"), run.output()
+    assert not [g for g in driver.util.placement_group_table().values() if g["state"] == "CREATED"]
+
+    resumed = SpecrlRun(config, "--resume")
+    assert resumed.wait(timeout=600) == 0, resumed.output()
+    final = run_steps(run_dir)
+    assert [r["step"] for r in final] == list(range(STEPS)), "every step once"
+    groups_trained = [g for r in final for g in r["group_ids"]]
+    assert len(groups_trained) == len(set(groups_trained)) == STEPS * PROMPTS, "a group trained on twice"
+    assert not [g for g in driver.util.placement_group_table().values() if g["state"] == "CREATED"]
+
+
+def test_bad_clusters_are_refused_before_anything_starts(ray_head, driver, tmp_path, monkeypatch):
+    closed = free_port()  # nothing listens there
+    with pytest.raises(ray_launcher.RayUnavailable, match=f"no Ray cluster reachable at 127.0.0.1:{closed}"):
+        ray_launcher.connect(RayLauncherConfig(address=f"127.0.0.1:{closed}"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ray_launcher.RayUnavailable, match=r"set ray.address .* or RAY_ADDRESS"):
+        ray_launcher.connect(RayLauncherConfig())
+    # GPUs on a cluster without any: which resource, how much, and what the cluster has
+    cfg = RunConfig.model_validate(_config(tmp_path, ray_head, gpus=True))
+    with pytest.raises(StartupError, match=r"need 2 GPU \(the cluster has 0\)"):
+        System(cfg, tmp_path / "run").start()
+    assert not list((tmp_path / "run" / "logs").glob("*.log")), "a service started"
+    monkeypatch.setattr(driver, "__version__", "2.9.0")
+    with pytest.raises(ray_launcher.RayUnavailable, match=r"ray 2.9.0 is not supported .*>= 2.40"):
+        ray_launcher.connect(RayLauncherConfig(address=ray_head))
