@@ -35,12 +35,15 @@ STEPS, PROMPTS, N = 6, 4, 4
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[str]:
     """A one-node Ray cluster on loopback with 8 logical CPUs (placement needs, not this
-    machine's cores); its address. A short temp dir: Ray's sockets live there."""
+    machine's cores) and a small object store (nothing large moves through it; a CI
+    container's /dev/shm may be small); its address. A short temp dir: Ray's sockets
+    live there."""
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     port = free_port()
     subprocess.run(
         [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "8",
-         "--num-gpus", "0", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp],
+         "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
+         "--disable-usage-stats", "--temp-dir", temp],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     try:
