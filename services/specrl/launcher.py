@@ -29,11 +29,10 @@ class ServerDied(RuntimeError):
     pass
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """The `preexec_fn` of every child specrl starts (services, Redis): the kernel sends
-    the child SIGTERM when the thread that started it dies, even by SIGKILL, so a killed
-    `specrl run` leaves no engines, trainers or Redis servers running. Linux only (None
-    elsewhere). Resolved here, not in the child: a forked child must not import."""
+def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A hook that, run in a new process, has the kernel send it `sig` when the thread
+    that started it dies, even by SIGKILL. Linux only (None elsewhere). Resolved here, not
+    in the child: a forked child must not import."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -42,12 +41,15 @@ def _parent_death_signal() -> Callable[[], None] | None:
     pr_set_pdeathsig = 1
 
     def hook() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGTERM)
+        prctl(pr_set_pdeathsig, sig)
 
     return hook
 
 
-die_with_parent = _parent_death_signal()
+# The `preexec_fn` of every child specrl starts (services, Redis): a killed `specrl run`
+# (or Ray actor) leaves no service or Redis server running; the services' own children
+# (vLLM's engine processes) die with them in turn (rollout/engines/vllm/patches.py).
+die_with_parent = parent_death_signal()
 
 
 _handed_out: set[int] = set()

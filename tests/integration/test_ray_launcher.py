@@ -2,10 +2,10 @@
 --head`, the `ray` package from PyPI) for this module and stopped after it. The CPU tiny
 run goes end to end through the launcher, every service a Ray actor in its placement
 group; mid-run its rollout replica's actor is killed (started again in its bundle, the
-run goes on) and then its trainer's actor (the run stops with its state kept), and
-`specrl run --resume` finishes it with every step once and no group trained twice. Bad
-input (no cluster, too few resources, a Ray release the launcher does not support) is an
-error before anything starts."""
+run goes on, its engine processes gone with it) and then its trainer's actor (the run
+stops with its state kept), and `specrl run --resume` finishes it with every step once
+and no group trained twice. Bad input (no cluster, too few resources, a Ray release the
+launcher does not support) is an error before anything starts."""
 
 from __future__ import annotations
 
@@ -69,6 +69,22 @@ def _config(tmp_path: Path, address: str, **ray: object) -> dict:
     return cfg
 
 
+def _orphaned_engines() -> list[int]:
+    """vLLM engine processes whose parent is gone (reparented to init): a leak."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            name, rest = (d / "stat").read_text().rsplit(")", 1)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        state, ppid = rest.split()[:2]
+        if name.split("(", 1)[1].startswith("VLLM::") and ppid == "1" and state != "Z":
+            out.append(int(d.name))
+    return out
+
+
 def _actor(ray, suffix: str) -> str:
     """The name of the run's live actor ending in `suffix` (-rollout-0, -trainer-0)."""
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(suffix)]
@@ -76,14 +92,25 @@ def _actor(ray, suffix: str) -> str:
     return names[0]
 
 
+@pytest.fixture
+def specrl_runs() -> Iterator[list[SpecrlRun]]:
+    """`specrl run`s started by a test, killed if the test fails while they run."""
+    runs: list[SpecrlRun] = []
+    yield runs
+    for run in runs:
+        if run.proc.poll() is None:
+            run.proc.kill()
+
+
 def test_a_run_on_ray_survives_a_killed_replica_and_resumes_after_a_killed_trainer(
-    zoo, servers, ray_head, driver, tmp_path
+    zoo, servers, ray_head, driver, specrl_runs, tmp_path
 ):
     servers.close()  # two cores: no other engine while these run
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(_config(tmp_path, ray_head)))
     run_dir = tmp_path / "t"
     run = SpecrlRun(config)
+    specrl_runs.append(run)
     wait_for_steps(run, run_dir, 2)
     # the services are actors on the cluster, each in its own placement group's bundle
     groups = {g["name"]: g for g in driver.util.placement_group_table().values()}
@@ -95,12 +122,16 @@ def test_a_run_on_ray_survives_a_killed_replica_and_resumes_after_a_killed_train
     while not (run.says("starting it again (restart 1 of 3)") and run.says("catch-up push")):
         assert run.proc.poll() is None and time.monotonic() < deadline, run.output()
         time.sleep(0.5)
+    # the killed replica's vLLM engine processes died with its server (Ray kills an
+    # actor's children, not theirs: they die by their own parent-death signal)
+    assert not _orphaned_engines(), "engine processes outlived their killed server"
     wait_for_steps(run, run_dir, 4)
     driver.kill(driver.get_actor(_actor(driver, "-trainer-0"), namespace="specrl"))
     assert run.wait(timeout=300) == 75 and run.says("specrl run --resume"), run.output()
     assert not [g for g in driver.util.placement_group_table().values() if g["state"] == "CREATED"]
 
     resumed = SpecrlRun(config, "--resume")
+    specrl_runs.append(resumed)
     assert resumed.wait(timeout=600) == 0, resumed.output()
     final = run_steps(run_dir)
     assert [r["step"] for r in final] == list(range(STEPS)), "every step once"

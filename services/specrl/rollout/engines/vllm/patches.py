@@ -20,8 +20,11 @@ import logging
 import multiprocessing
 import os
 import re
+import signal
 
 import torch
+
+from specrl.launcher import parent_death_signal
 
 log = logging.getLogger("specrl.rollout.vllm.patches")
 
@@ -152,8 +155,28 @@ def fix_cpu_logprob_rank_compile() -> bool:
     return True
 
 
+# An engine process (engine core, worker) is SIGKILLed by the kernel when the process
+# that started it dies: a rollout server killed outright (a Ray actor's kill takes the
+# actor's children, not theirs) must not leave engines behind holding a GPU's memory
+# (seen on Ray: the killed replica's engine core and worker lived on, reparented to init).
+# The starting thread is each parent's main thread (the server's creates the AsyncLLM, the
+# engine core's its workers), which lives as long as the process.
+_ENGINE_DIES_WITH_PARENT = parent_death_signal(signal.SIGKILL)
+
+
+class _EngineProcess(multiprocessing.context.ForkProcess):
+    def run(self) -> None:
+        if _ENGINE_DIES_WITH_PARENT is not None:
+            _ENGINE_DIES_WITH_PARENT()
+        super().run()
+
+
+class _EngineForkContext(multiprocessing.context.ForkContext):
+    Process = _EngineProcess
+
+
 def _fork_context() -> multiprocessing.context.BaseContext:
-    return multiprocessing.get_context("fork")
+    return _EngineForkContext()
 
 
 def _omp_cpus() -> list[int]:
@@ -234,7 +257,11 @@ def disabled() -> set[str]:
 
 
 def register() -> None:
-    """vLLM general-plugin entry point: apply each fix once per process."""
+    """vLLM general-plugin entry point: apply each fix once per process. In an engine
+    process vLLM spawned (a fresh interpreter, as on GPUs), first ask to die with the
+    process that started it (as forked ones do: _EngineProcess)."""
+    if multiprocessing.parent_process() is not None and _ENGINE_DIES_WITH_PARENT is not None:
+        _ENGINE_DIES_WITH_PARENT()
     off = disabled()
     if off:
         log.warning("specrl vLLM fixes disabled by %s: %s", DISABLE_ENV, ", ".join(sorted(off)))
