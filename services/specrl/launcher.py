@@ -111,6 +111,7 @@ class ServiceProcess:
         self.log_path = log_path or self._dir / "server.log"
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
+        self._deadline = 0.0  # when a start not yet ready times out
 
     @property
     def address(self) -> str:
@@ -146,6 +147,7 @@ class ServiceProcess:
         ]
         # appended to: the log of a service started again keeps its previous life's
         log = open(self.log_path, "a")  # noqa: SIM115 (owned by the child for its lifetime)
+        self._deadline = time.monotonic() + self.ready_timeout
         self.proc = subprocess.Popen(
             cmd,
             stdout=log,
@@ -158,21 +160,27 @@ class ServiceProcess:
             self.wait()
         return self
 
-    def wait(self) -> ServiceProcess:
-        """Block until the service reports its bound port (or dies, or times out)."""
+    def ready(self) -> bool:
+        """Whether the service has reported its bound port (then `port` is set), without
+        waiting: ServerDied if it exited first, TimeoutError (stopping it) once it is
+        `ready_timeout` past its start."""
         assert self.proc is not None, "start() first"
         ready = self._dir / "port"
-        deadline = time.monotonic() + self.ready_timeout
-        while not ready.exists() or not ready.read_text().strip():
-            if self.proc.poll() is not None:
-                raise ServerDied(
-                    f"{self.service} exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"{self.service} not ready in {self.ready_timeout}s:\n{self.log_tail()}")
+        if ready.exists() and (port := ready.read_text().strip()):
+            self.port = int(port)
+            return True
+        if self.proc.poll() is not None:
+            code = self.proc.returncode
+            raise ServerDied(f"{self.service} exited with {code}; log tail:\n{self.log_tail()}")
+        if time.monotonic() > self._deadline:
+            self.stop()
+            raise TimeoutError(f"{self.service} not ready in {self.ready_timeout}s:\n{self.log_tail()}")
+        return False
+
+    def wait(self) -> ServiceProcess:
+        """Block until the service reports its bound port (or dies, or times out)."""
+        while not self.ready():
             time.sleep(0.5)
-        self.port = int(ready.read_text())
         return self
 
     def exit_code(self) -> int | None:

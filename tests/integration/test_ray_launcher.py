@@ -40,12 +40,14 @@ def ray_head() -> Iterator[str]:
     live there."""
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     port = free_port()
-    subprocess.run(
+    started = subprocess.run(
         [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "8",
          "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
          "--disable-usage-stats", "--temp-dir", temp],
-        check=True, capture_output=True, timeout=120,
+        capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+    if started.returncode:  # e.g. a Ray instance already running on this machine
+        pytest.fail(f"ray start --head failed ({started.returncode}):\n{started.stdout}\n{started.stderr}")
     try:
         yield f"127.0.0.1:{port}"
     finally:
@@ -62,10 +64,13 @@ def driver(ray_head) -> Iterator:
 
 
 def _config(tmp_path: Path, address: str, **ray: object) -> dict:
+    """The tiny run on Ray, its trainer two tensor-parallel ranks in one bundle (their
+    rendezvous on rank 0's node, as the actors report it)."""
     cfg = tiny_run_config(tmp_path, steps=STEPS, checkpoint_every=2, max_lag=0)
     cfg["data"]["prompts_per_step"], cfg["sampling"]["n"] = PROMPTS, N
+    cfg["trainer"]["server"]["trainer"]["tp"] = 2
     cfg["launcher"] = "ray"
-    cfg["ray"] = {"address": address, "gpus": False, **ray}
+    cfg["ray"] = {"address": address, "gpus": False, "trainer_procs_per_node": 2, **ray}
     return cfg
 
 
@@ -149,7 +154,7 @@ def test_bad_clusters_are_refused_before_anything_starts(ray_head, driver, tmp_p
         ray_launcher.connect(RayLauncherConfig())
     # GPUs on a cluster without any: which resource, how much, and what the cluster has
     cfg = RunConfig.model_validate(_config(tmp_path, ray_head, gpus=True))
-    with pytest.raises(StartupError, match=r"need 2 GPU \(the cluster has 0\)"):
+    with pytest.raises(StartupError, match=r"need 3 GPU \(the cluster has 0\)"):
         System(cfg, tmp_path / "run").start()
     assert not list((tmp_path / "run" / "logs").glob("*.log")), "a service started"
     monkeypatch.setattr(driver, "__version__", "2.9.0")

@@ -18,6 +18,7 @@ when it stops."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -170,12 +171,15 @@ class PlacementGroups:
 
 
 class ServiceHost:
-    """The actor: hosts one specrl service (a child process) on its node."""
+    """The actor: hosts one specrl service (a child process) on its node. An async actor,
+    so that while a start waits for the service to serve (minutes for a large model), the
+    run's liveness checks are answered; its event loop's thread, which forks the
+    service, lives as long as the actor (the service dies with it: launcher.die_with_parent)."""
 
     def __init__(self) -> None:
         self.process: ServiceProcess | None = None
 
-    def node_address(self) -> str:
+    async def node_address(self) -> str:
         """The address Ray knows this node by (its NodeManagerAddress: the pod IP on
         KubeRay, what `ray start --node-ip-address` set), which the other nodes reach."""
         import ray
@@ -183,13 +187,13 @@ class ServiceHost:
         node = ray.get_runtime_context().get_node_id()
         return next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node)
 
-    def free_port(self) -> int:
-        return free_port(self.node_address())
+    async def free_port(self) -> int:
+        return free_port(await self.node_address())
 
-    def start(self, cfg: BaseModel, service: str, env: dict[str, str], wait_ready: bool) -> int | None:
+    async def start(self, cfg: BaseModel, service: str, env: dict[str, str], wait_ready: bool) -> int | None:
         """Start the service on this node (bound to the node's address) and, when it
         serves, return its port."""
-        host = self.node_address()
+        host = await self.node_address()
         update: dict[str, Any] = {"host": host}
         sender = getattr(cfg, "weight_sync", None)
         if sender is not None and hasattr(sender, "host"):  # receivers reach its store here
@@ -198,16 +202,18 @@ class ServiceHost:
         self.process = ServiceProcess(
             cfg.model_copy(update=update), service=service, env=env, log_path=log, wait_ready=wait_ready
         )
-        self.process.start()
+        self.process.start(wait=False)
+        while wait_ready and not self.process.ready():
+            await asyncio.sleep(0.5)
         return self.process.port
 
-    def exit_code(self) -> int | None:
+    async def exit_code(self) -> int | None:
         return None if self.process is None else self.process.exit_code()
 
-    def log_tail(self, lines: int = 40) -> str:
+    async def log_tail(self, lines: int = 40) -> str:
         return "(not started)" if self.process is None else self.process.log_tail(lines)
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
 
