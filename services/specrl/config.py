@@ -798,8 +798,6 @@ class AutoscaleConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> AutoscaleConfig:
-        if self.enabled and not (self.workload and self.namespace):
-            raise ValueError("rollout.autoscale: set workload (statefulsets/NAME) and namespace")
         if self.min_replicas > self.max_replicas:
             raise ValueError(
                 f"rollout.autoscale: min_replicas {self.min_replicas} > max_replicas {self.max_replicas}"
@@ -839,8 +837,6 @@ class RolloutFleetConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> RolloutFleetConfig:
-        if self.autoscale.enabled and not self.discover:
-            raise ValueError("rollout.autoscale needs rollout.discover: the replicas it scales join by it")
         given = [
             name
             for name, on in (
@@ -973,12 +969,29 @@ class RunConfig(StrictModel):
             self._check_compare()
         if self.launcher != "ray" and self.ray != RayLauncherConfig():
             raise ValueError("ray: has no effect with launcher local (set launcher: ray)")
+        self._check_autoscale()
         world, per_node = trainer.tp * trainer.dp, self.ray.trainer_procs_per_node
         if self.launcher == "ray" and local_trainer and world % per_node:
             raise ValueError(
                 f"ray.trainer_procs_per_node ({per_node}) must divide the trainer's tp x dp ranks ({world})"
             )
         return self
+
+    def _check_autoscale(self) -> None:
+        """The orchestrator scales a Kubernetes workload whose replicas it finds by
+        rollout.discover, or (launcher: ray) the rollout actors the run started itself."""
+        scale, rollout = self.rollout.autoscale, self.rollout
+        if not scale.enabled:
+            return
+        if self.launcher == "ray":
+            if not rollout.replicas:
+                raise ValueError("rollout.autoscale with launcher: ray scales the replicas the run starts: "
+                                 "set rollout.replicas (the count it starts with)")  # fmt: skip
+            return
+        if not rollout.discover:
+            raise ValueError("rollout.autoscale needs rollout.discover: the replicas it scales join by it")
+        if not (scale.workload and scale.namespace):
+            raise ValueError("rollout.autoscale: set workload (statefulsets/NAME) and namespace")
 
     def _check_compare(self) -> None:
         runs = self.compare.runs

@@ -9,6 +9,8 @@ launcher does not support) is an error before anything starts."""
 
 from __future__ import annotations
 
+import itertools
+import secrets
 import shutil
 import subprocess
 import sys
@@ -20,16 +22,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specrl.config import RayLauncherConfig, RunConfig
+from specrl.config import RayLauncherConfig, RunConfig, TrainerServerConfig
 from specrl.launcher import free_port
 from specrl.orchestrator import ray_launcher
 from specrl.orchestrator.system import StartupError, System
+from specrl.serving import health_of
 
-from helpers import SpecrlRun, run_steps, tiny_run_config, wait_for_steps
+from helpers import SpecrlRun, run_steps, tiny_run_config, wait_for, wait_for_steps
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 RAY = str(Path(sys.executable).with_name("ray"))
-STEPS, PROMPTS, N = 6, 4, 4
+STEPS, PROMPTS, N = 4, 4, 4
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def ray_head() -> Iterator[str]:
     container's /dev/shm may be small); its address. A short temp dir: Ray's sockets
     live there."""
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    port = free_port()
+    port = next(p for p in iter(free_port, None) if p >= 20000)  # Ray's workers take 10002-19999
     started = subprocess.run(
         [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "8",
          "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
@@ -69,6 +72,12 @@ def _config(tmp_path: Path, address: str, **ray: object) -> dict:
     cfg = tiny_run_config(tmp_path, steps=STEPS, checkpoint_every=2, max_lag=0)
     cfg["data"]["prompts_per_step"], cfg["sampling"]["n"] = PROMPTS, N
     cfg["trainer"]["server"]["trainer"]["tp"] = 2
+    # the autoscaler drives the run's rollout actors and the loop finds them through it
+    # (RayFleet); held at one replica here (the window's share always within tolerance)
+    cfg["rollout"]["autoscale"] = {
+        "enabled": True, "min_replicas": 1, "max_replicas": 2,
+        "target_exposed_share": 0.5, "tolerance": 0.49, "window_steps": 1,
+    }  # fmt: skip
     cfg["launcher"] = "ray"
     cfg["ray"] = {"address": address, "gpus": False, "trainer_procs_per_node": 2, **ray}
     return cfg
@@ -116,7 +125,7 @@ def test_a_run_on_ray_survives_a_killed_replica_and_resumes_after_a_killed_train
     run_dir = tmp_path / "t"
     run = SpecrlRun(config)
     specrl_runs.append(run)
-    wait_for_steps(run, run_dir, 2)
+    wait_for_steps(run, run_dir, 1)
     # the services are actors on the cluster, each in its own placement group's bundle
     groups = {g["name"]: g for g in driver.util.placement_group_table().values()}
     live = {n.split("-", 3)[-1] for n, g in groups.items() if g["state"] == "CREATED"}
@@ -130,7 +139,7 @@ def test_a_run_on_ray_survives_a_killed_replica_and_resumes_after_a_killed_train
     # the killed replica's vLLM engine processes died with its server (Ray kills an
     # actor's children, not theirs: they die by their own parent-death signal)
     assert not _orphaned_engines(), "engine processes outlived their killed server"
-    wait_for_steps(run, run_dir, 4)
+    wait_for_steps(run, run_dir, 3)  # past the checkpoint of step 2
     driver.kill(driver.get_actor(_actor(driver, "-trainer-0"), namespace="specrl"))
     assert run.wait(timeout=300) == 75 and run.says("specrl run --resume"), run.output()
     assert not [g for g in driver.util.placement_group_table().values() if g["state"] == "CREATED"]
@@ -140,9 +149,40 @@ def test_a_run_on_ray_survives_a_killed_replica_and_resumes_after_a_killed_train
     assert resumed.wait(timeout=600) == 0, resumed.output()
     final = run_steps(run_dir)
     assert [r["step"] for r in final] == list(range(STEPS)), "every step once"
+    assert all(r["autoscale"]["replicas"] == 1 for r in final), [r["autoscale"] for r in final]
     groups_trained = [g for r in final for g in r["group_ids"]]
     assert len(groups_trained) == len(set(groups_trained)) == STEPS * PROMPTS, "a group trained on twice"
     assert not [g for g in driver.util.placement_group_table().values() if g["state"] == "CREATED"]
+
+
+def test_rollout_actors_are_added_and_removed_as_the_autoscaler_asks(zoo, ray_head, driver):
+    """RayFleet, what the run's autoscaler scales and its loop discovers replicas through
+    on Ray, driven here with trainer services (the same actors and placement groups as
+    rollout replicas, far cheaper to start than an engine): each replica added gets a group
+    of its own and is listed once it serves; one removed is stopped with its group."""
+    groups = ray_launcher.PlacementGroups(driver, f"fleet-{secrets.token_hex(3)}", 60.0)
+    made = itertools.count()
+
+    def add() -> ray_launcher.RayService:
+        name = f"r{next(made)}"
+        groups.add(name, [ray_launcher.bundle(1.0, 0)], "STRICT_PACK")
+        service = ray_launcher.RayService(
+            groups, name, 0, TrainerServerConfig(port=0), service="trainer", name=name, gpus=0, cpus=1.0
+        )
+        return service.start(wait=False)
+
+    fleet = ray_launcher.RayFleet([], add, every_s=1.0)
+    try:
+        fleet.set(2)
+        assert fleet.get() == 2
+        serving = wait_for(lambda: len(found := fleet()) == 2 and found, 180, "two replicas serving")
+        assert all(health_of(a, 10.0) == "SERVING" for a in serving)
+        fleet.set(1)  # the last added goes first
+        assert fleet() == serving[:1] and fleet.get() == 1
+        states = {g["name"]: g["state"] for g in driver.util.placement_group_table().values()}
+        assert states[f"{groups.run}-r1"] == "REMOVED" and states[f"{groups.run}-r0"] == "CREATED"
+    finally:
+        fleet.set(0)
 
 
 def test_bad_clusters_are_refused_before_anything_starts(ray_head, driver, tmp_path, monkeypatch):

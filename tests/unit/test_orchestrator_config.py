@@ -64,6 +64,10 @@ def _write(tmp_path, text: str, name: str = "run.yaml"):
         ("launcher: ray\nray: {trainer_procs_per_node: 3}\ntrainer: {server: {trainer: {tp: 2, dp: 2}}}",
          "must divide the trainer's tp x dp ranks"),
         ("launcher: ray\nray: {cpus_per_process: 0}", "ray.cpus_per_process"),
+        ("rollout: {autoscale: {enabled: true}}", "needs rollout.discover"),
+        ("rollout: {discover: 'dns:r:1', replicas: 0, autoscale: {enabled: true}}", "set workload"),
+        ("launcher: ray\nrollout: {discover: 'dns:r:1', replicas: 0, autoscale: {enabled: true}}",
+         "set rollout.replicas"),
     ],
 )  # fmt: skip
 def test_bad_run_configs_name_the_field(tmp_path, yaml_text, message):

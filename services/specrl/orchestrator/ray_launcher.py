@@ -23,6 +23,7 @@ import contextlib
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -155,6 +156,18 @@ class PlacementGroups:
                     f"{self.timeout_s:g}s: no node has room for one of its bundles"
                 ) from None
 
+    def add(self, name: str, bundles: list[dict[str, float]], strategy: str) -> None:
+        """One more group, not waited for: an actor scheduled into it waits until it is
+        placed (an autoscaling cluster may add a node first)."""
+        from ray.util.placement_group import placement_group
+
+        self.groups[name] = placement_group(bundles, strategy=strategy, name=f"{self.run}-{name}")
+
+    def remove_group(self, name: str) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(self.groups.pop(name))
+
     def strategy(self, name: str, index: int) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -286,8 +299,24 @@ class RayService:
             port = ray.get(self._started)
         except ray.exceptions.RayError as e:
             raise ServerDied(f"{self.name} on {self.node} did not start: {_cause(e)}") from None
-        self.port = port if port is not None else self.port
+        if port is not None:  # a restart binds the address the run knows the service by
+            self.port = port
+            self.cfg = self.cfg.model_copy(update={"port": port})
         return self
+
+    def started(self) -> bool:
+        """Whether the service serves, without waiting (a start still placing its actor or
+        loading its model is not); a start that failed is False, and `exit_code` says so."""
+        if self.port is not None or self._started is None:
+            return self.port is not None
+        ready, _ = self.groups.ray.wait([self._started], timeout=0)
+        if not ready:
+            return False
+        try:
+            self.wait()
+        except ServerDied:
+            return False
+        return True
 
     def exit_code(self) -> int | None:
         """None while the service runs; its exit status, or -1 for an actor that died."""
@@ -324,3 +353,38 @@ class RayService:
 def _cause(error: Exception) -> str:
     cause = getattr(error, "cause", None)
     return str(cause if cause is not None else error).strip().splitlines()[-1]
+
+
+class RayFleet:
+    """The run's rollout replicas on Ray as the loop finds them and as the orchestrator's
+    autoscaler scales them (`rollout.autoscale` with launcher: ray): called, the addresses
+    of the replicas that serve (a discovery: a replica that appears joins the running loop
+    paused until the next push catches it up, one that goes leaves it, as pods do);
+    `get` / `set`, how many there are (the autoscaler's workload). A replica added gets a
+    placement group and an actor of its own, started without waiting; one removed is
+    stopped and its group removed (the last added first)."""
+
+    spec = "ray"
+
+    def __init__(self, replicas: list, add: Callable[[], RayService], every_s: float) -> None:
+        self.replicas, self._add, self.every_s = replicas, add, every_s
+
+    def __str__(self) -> str:
+        return "the run's rollout actors on Ray"
+
+    def __call__(self) -> list[str]:
+        return [r.address for r in self.replicas if r.started()]
+
+    def get(self) -> int:
+        return len(self.replicas)
+
+    def set(self, replicas: int) -> None:
+        while len(self.replicas) < replicas:
+            self.replicas.append(self._add())
+        while len(self.replicas) > replicas:
+            gone = self.replicas.pop()
+            gone.stop()
+            gone.groups.remove_group(gone.group)
+
+    def close(self) -> None:
+        pass

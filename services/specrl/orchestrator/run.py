@@ -277,7 +277,10 @@ def _loop(
         from specrl.orchestrator.kube import WorkloadScale
 
         scale = cfg.rollout.autoscale
-        autoscaler = Autoscaler(scale, WorkloadScale(scale.workload, scale.namespace), registry)
+        # the run's own rollout actors on Ray (System.discovery: RayFleet), else the workload
+        ray = cfg.launcher == "ray"
+        workload = system.discovery if ray else WorkloadScale(scale.workload, scale.namespace)
+        autoscaler = Autoscaler(scale, workload, registry)
     with (
         TrainerClient(system.trainer_address) as trainer,
         Progress(

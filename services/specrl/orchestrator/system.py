@@ -23,6 +23,7 @@ from specrl.launcher import ServerDied, Service, ServiceProcess, free_port, star
 from specrl.orchestrator.discovery import Discovery, DiscoveryError, open_discovery
 from specrl.orchestrator.ray_launcher import (
     PlacementGroups,
+    RayFleet,
     RayService,
     RayUnavailable,
     connect,
@@ -75,6 +76,7 @@ class System:
         self.draft_address = cfg.draft_trainer.address or ""
         self.run_dir = run_dir
         self._max_restarts = cfg.rollout.max_restarts
+        self._replicas_made = cfg.rollout.replicas  # launcher: ray, RayFleet names the next
         self._restarts: Counter[str] = Counter()
         self._asked_trainer_at = 0.0
 
@@ -115,6 +117,8 @@ class System:
         for p in self.rollout:  # a restart binds the address its replica is known by
             p.cfg = p.cfg.model_copy(update={"port": p.port})
         self.replicas += [p.address for p in self.rollout]
+        if self.placement is not None and cfg.rollout.autoscale.enabled:  # the autoscaler's to scale
+            self.discovery = RayFleet(self.rollout, self._add_replica, cfg.rollout.discover_every_s)
         if self.trainer:
             self.trainer_address = self.trainer[0].address
         if cfg.draft_trainer.enabled and not cfg.draft_trainer.address:
@@ -134,6 +138,18 @@ class System:
             self.placement, group, index, cfg, service=service, name=name, gpus=gpus,
             cpus=self.cfg.ray.cpus_per_process, **kw,
         )  # fmt: skip
+
+    def _add_replica(self) -> RayService:
+        """One more rollout replica on Ray (RayFleet): a placement group and an actor of
+        its own, started without waiting."""
+        assert self.placement is not None
+        name = f"rollout-{self._replicas_made}"
+        self._replicas_made += 1
+        needs, strategy = placement_plan(self.cfg)
+        self.placement.add(name, needs["rollout-0"], strategy["rollout-0"])
+        replica = self._service(self.cfg.rollout.server, "rollout", name, name)
+        assert isinstance(replica, RayService)
+        return replica.start(wait=False)
 
     def _trainer_ranks(self) -> None:
         """The trainer's tp x dp ranks (torchrun's environment), rank 0 the one that
@@ -226,6 +242,8 @@ class System:
         ServiceDied, naming it and its log tail, for any other service started here that
         exited (the run stops with its state kept; `specrl run --resume` continues)."""
         for p in self.rollout:
+            if p.port is None:  # still starting (a replica the autoscaler added)
+                continue
             code = p.exit_code()
             if code is not None and self._restarts[p.address] < self._max_restarts:
                 n = self._restarts[p.address] = self._restarts[p.address] + 1
@@ -239,7 +257,7 @@ class System:
         ]
         if self.draft_trainer is not None:
             named.append(("draft-trainer", self.draft_trainer))
-        named += [(f"rollout server {p.address}", p) for p in self.rollout]
+        named += [(f"rollout server {p.address}", p) for p in self.rollout if p.port is not None]
         if self.redis is not None:
             named.append(("redis", self.redis))
         for what, p in named:
