@@ -22,9 +22,7 @@ import asyncio
 import contextlib
 import os
 import socket
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -93,27 +91,38 @@ def bundle(cpus: float, gpus: int) -> dict[str, float]:
     return {"CPU": cpus, **({"GPU": float(gpus)} if gpus else {})}
 
 
+def gpus_of(cfg: RunConfig, service: str) -> int:
+    """GPUs one process of `service` holds on Ray: a rollout replica its engine's
+    tensor_parallel_size, a trainer rank or the draft-trainer one; none without ray.gpus."""
+    if not cfg.ray.gpus:
+        return 0
+    return cfg.rollout.server.engine.tensor_parallel_size if service == "rollout" else 1
+
+
+def replica_group(cfg: RunConfig) -> tuple[list[dict[str, float]], str]:
+    """One rollout replica's placement group: its GPUs in one bundle, so on one node."""
+    return [bundle(cfg.ray.cpus_per_process, gpus_of(cfg, "rollout"))], "STRICT_PACK"
+
+
 def placement_plan(cfg: RunConfig) -> tuple[dict[str, list[dict[str, float]]], dict[str, str]]:
     """The run's placement groups: name -> bundles, and name -> strategy. The trainer's
     come first (Ray places groups in the order they are made: whole nodes for its bundles
     before one-GPU replicas fragment them), then the draft-trainer's, then one group per
-    rollout replica (a replica's GPUs in one bundle, so on one node)."""
+    rollout replica (replica_group)."""
     ray_cfg = cfg.ray
-    cpus, gpus = ray_cfg.cpus_per_process, ray_cfg.gpus
+    cpus = ray_cfg.cpus_per_process
     needs: dict[str, list[dict[str, float]]] = {}
     strategy: dict[str, str] = {}
     if not cfg.trainer.address:
         t = cfg.trainer.server.trainer
         per_node = ray_cfg.trainer_procs_per_node
-        needs["trainer"] = [bundle(cpus * per_node, per_node if gpus else 0)] * (t.tp * t.dp // per_node)
-        strategy["trainer"] = "PACK"
+        node = bundle(cpus * per_node, per_node * gpus_of(cfg, "trainer"))
+        needs["trainer"], strategy["trainer"] = [node] * (t.tp * t.dp // per_node), "PACK"
     if cfg.draft_trainer.enabled and not cfg.draft_trainer.address:
-        needs["draft-trainer"] = [bundle(cpus, 1 if gpus else 0)]
+        needs["draft-trainer"] = [bundle(cpus, gpus_of(cfg, "draft-trainer"))]
         strategy["draft-trainer"] = "STRICT_PACK"
-    tp = cfg.rollout.server.engine.tensor_parallel_size
     for i in range(cfg.rollout.replicas):
-        needs[f"rollout-{i}"] = [bundle(cpus, tp if gpus else 0)]
-        strategy[f"rollout-{i}"] = "STRICT_PACK"
+        needs[f"rollout-{i}"], strategy[f"rollout-{i}"] = replica_group(cfg)
     return needs, strategy
 
 
@@ -142,11 +151,10 @@ class PlacementGroups:
         self.groups: dict[str, Any] = {}
 
     def create(self, needs: dict[str, list[dict[str, float]]], strategy: dict[str, str]) -> None:
-        from ray.util.placement_group import placement_group
-
+        """The groups `needs` names, each placed within `timeout_s`."""
         check_resources(self.ray, needs)
         for name, bundles in needs.items():
-            self.groups[name] = placement_group(bundles, strategy=strategy[name], name=f"{self.run}-{name}")
+            self.add(name, bundles, strategy[name])
         for name, group in self.groups.items():
             try:
                 self.ray.get(group.ready(), timeout=self.timeout_s)
@@ -176,11 +184,8 @@ class PlacementGroups:
         )
 
     def remove(self) -> None:
-        from ray.util.placement_group import remove_placement_group
-
-        for group in self.groups.values():
-            remove_placement_group(group)
-        self.groups.clear()
+        for name in list(self.groups):
+            self.remove_group(name)
 
 
 class ServiceHost:
@@ -211,9 +216,8 @@ class ServiceHost:
         sender = getattr(cfg, "weight_sync", None)
         if sender is not None and hasattr(sender, "host"):  # receivers reach its store here
             update["weight_sync"] = sender.model_copy(update={"host": host})
-        log = Path(tempfile.mkdtemp(prefix=f"specrl-{service}-")) / "server.log"
         self.process = ServiceProcess(
-            cfg.model_copy(update=update), service=service, env=env, log_path=log, wait_ready=wait_ready
+            cfg.model_copy(update=update), service=service, env=env, wait_ready=wait_ready
         )
         self.process.start(wait=False)
         while wait_ready and not self.process.ready():
@@ -256,7 +260,7 @@ class RayService:
         self.actor: Any = None
         self.node: str | None = None
         self.port: int | None = None
-        self._started: Any = None  # the start call's result, until waited for
+        self._started: Any = None  # the last start call (its result: the port)
 
     @property
     def address(self) -> str:

@@ -27,7 +27,9 @@ from specrl.orchestrator.ray_launcher import (
     RayService,
     RayUnavailable,
     connect,
+    gpus_of,
     placement_plan,
+    replica_group,
 )
 from specrl.queue.redis_server import RedisServer
 
@@ -131,11 +133,8 @@ class System:
         placement group `group` (launcher: ray; the GPUs it takes: ray_launcher)."""
         if self.placement is None:
             return ServiceProcess(cfg, service=service, log_path=self.logs / f"{name}.log", **kw)
-        gpus = 0
-        if self.cfg.ray.gpus:
-            gpus = self.cfg.rollout.server.engine.tensor_parallel_size if service == "rollout" else 1
         return RayService(
-            self.placement, group, index, cfg, service=service, name=name, gpus=gpus,
+            self.placement, group, index, cfg, service=service, name=name, gpus=gpus_of(self.cfg, service),
             cpus=self.cfg.ray.cpus_per_process, **kw,
         )  # fmt: skip
 
@@ -145,8 +144,7 @@ class System:
         assert self.placement is not None
         name = f"rollout-{self._replicas_made}"
         self._replicas_made += 1
-        needs, strategy = placement_plan(self.cfg)
-        self.placement.add(name, needs["rollout-0"], strategy["rollout-0"])
+        self.placement.add(name, *replica_group(self.cfg))
         replica = self._service(self.cfg.rollout.server, "rollout", name, name)
         assert isinstance(replica, RayService)
         return replica.start(wait=False)

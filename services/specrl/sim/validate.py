@@ -98,6 +98,7 @@ START = Unknowns(
     rlthink_acceptance_length=3.0,
     acceptance_decay=0.9,
 )
+_SHAPE = ("rlzero_acceptance_length", "rlthink_acceptance_length", "acceptance_decay")
 # fit bounds: costs in log space; acceptance lengths inside (1, 4); decay inside (0.3, 1]
 _LOW = [np.log(1e-9)] * len(COSTS) + [1.01, 1.01, 0.3]
 _HIGH = [np.log(1.0)] * len(COSTS) + [3.99, 3.99, 1.0]
@@ -111,9 +112,6 @@ def _to_x(u: Unknowns) -> np.ndarray:
 def _from_x(x: np.ndarray) -> Unknowns:
     costs = {c: float(np.exp(v)) for c, v in zip(COSTS, x)}
     return Unknowns(**costs, **{n: float(v) for n, v in zip(_SHAPE, x[len(COSTS) :])})
-
-
-_SHAPE = ("rlzero_acceptance_length", "rlthink_acceptance_length", "acceptance_decay")
 
 
 @dataclass(frozen=True)
