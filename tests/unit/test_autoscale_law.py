@@ -111,18 +111,29 @@ def _record(step: float, gen: float, exposed: float) -> dict:
 def test_the_autoscaler_clamps_the_workload_then_follows_the_law():
     scale = _Scale(20)
     auto = Autoscaler(CFG, scale)
-    out = auto.on_step(_record(10, 6, 6), 8, 8)
+    out = auto.on_step(_record(10, 6, 6), 8, True)
     assert scale.sets == [8] and out["asked"] == 8  # 20 is over max_replicas
     assert "reason" not in out  # the window's first step
-    out = auto.on_step(_record(10, 6, 6), 8, 8)
+    out = auto.on_step(_record(10, 6, 6), 8, True)
     assert out["reason"].endswith("at max_replicas (8)") and scale.sets == [8]
     low = _Scale(0)
-    Autoscaler(CFG, low).on_step(_record(1, 1, 1), 0, 0)
+    Autoscaler(CFG, low).on_step(_record(1, 1, 1), 0, True)
     assert low.sets == [1]  # under min_replicas
+
+
+def test_steps_not_settled_are_not_measured():
+    """A step whose batch was published before the replicas changed is left out, and a
+    window is only of consecutive settled steps."""
+    scale = _Scale(8)
+    auto = Autoscaler(CFG, scale)
+    for settled in (True, False, True, False):
+        assert "reason" not in auto.on_step(_record(10, 6, 6), 8, settled)
+    assert "reason" not in auto.on_step(_record(10, 6, 6), 8, True)
+    assert auto.on_step(_record(10, 6, 6), 8, True)["reason"].endswith("at max_replicas (8)")
 
 
 def test_a_failed_scale_call_is_reported_and_the_run_goes_on():
     auto = Autoscaler(CFG, _Scale(2, fail=True))
-    auto.on_step(_record(10, 6, 6), 2, 2)
-    out = auto.on_step(_record(10, 6, 6), 2, 2)
+    auto.on_step(_record(10, 6, 6), 2, True)
+    out = auto.on_step(_record(10, 6, 6), 2, True)
     assert out["error"] == "403 Forbidden" and out["asked"] == 2

@@ -4,7 +4,10 @@ the number an RL team watches. KEDA and an HPA see queue depth or load; neither 
 whether more replicas would shorten the step, nor when they stop paying.
 
 The control law (ExposureControl) works on steps measured at a settled replica count
-(every replica asked for is in the run, for `window_steps` steps) and predicts the exposed
+(every replica asked for is in the run and served the step's batch from its start, for
+`window_steps` steps: the batches published before the set last changed, up to max_lag
+of them, were dispatched mostly to the replicas there were and would show a scale-up
+that has not reached them yet as one that did not pay) and predicts the exposed
 share at another count R' from the measured step time T, generation span G and exposed
 time E at R replicas:
 
@@ -181,11 +184,12 @@ class Autoscaler:
             bounds = f"[{self.cfg.min_replicas}, {self.cfg.max_replicas}]"
             self._set(clamped, f"{current} replicas outside {bounds}")
 
-    def on_step(self, record: dict, replicas_at_start: int, replicas_at_end: int) -> dict:
-        """After a step: its part of the step record ('autoscale')."""
+    def on_step(self, record: dict, replicas: int, settled: bool) -> dict:
+        """After a step run by `replicas` replicas, `settled` when all of them served its
+        batch from the start (the loop knows which batches were published before the
+        set changed): its part of the step record ('autoscale')."""
         t = record["time"]
-        settled = replicas_at_end if replicas_at_start == replicas_at_end else -1
-        out: dict = {"replicas": replicas_at_end}
+        out: dict = {"replicas": replicas}
         if self.asked is None:
             try:
                 self.start()
@@ -193,7 +197,7 @@ class Autoscaler:
                 log.warning("autoscaler: cannot read %s: %s", self.scale, e)
                 return out | {"asked": None, "error": str(e)}
         assert self.asked is not None
-        step = Measured(settled, t["step"], t["gen"], t["exposed_generation"])
+        step = Measured(replicas if settled else -1, t["step"], t["gen"], t["exposed_generation"])
         decision = self.law.observe(step, self.asked)
         if decision is not None:
             out |= {"measured_share": decision.measured_share, "predicted_share": decision.predicted_share}

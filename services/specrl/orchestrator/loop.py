@@ -137,6 +137,7 @@ class Orchestrator:
         self.discover = discover
         self.autoscaler = autoscaler
         self._discovered_at = 0.0
+        self._replicas_changed_at: int | None = None  # the step the set last changed in
         self._pushed_at = 0.0
         self._draft_push = None  # the draft-trainer's answer to the last push
         self.rewind = rewind
@@ -192,7 +193,6 @@ class Orchestrator:
         self._counts.clear()
         idle_rollout0 = self.generators.idle_seconds()
         idle_replicas0 = self.generators.replica_idle_seconds()
-        replicas0 = len(self.replicas)
         t0 = time.perf_counter()
         self._checkpoint(force=self._checkpoint_requested())  # the version the last step made
         tc = time.perf_counter()
@@ -237,7 +237,7 @@ class Orchestrator:
         idle_replicas = self.generators.replica_idle_seconds()
         record["replica_idle"] = {r: s - idle_replicas0.get(r, 0.0) for r, s in idle_replicas.items()}
         if self.autoscaler is not None:
-            record["autoscale"] = self.autoscaler.on_step(record, replicas0, len(self.replicas))
+            record["autoscale"] = self.autoscaler.on_step(record, len(self.replicas), self._settled(step))
         self._observe(record)
         if self.log_path is not None:
             with open(self.log_path, "a") as f:
@@ -283,9 +283,19 @@ class Orchestrator:
         for replica in [r for r in self.replicas if r not in found]:
             log.info("rollout replica %s left the run", replica)
             self.generators.remove(replica)
+            self._replicas_changed_at = self.version
         for replica in [r for r in found if r not in self.replicas]:
             log.info("rollout replica %s joined the run: it gets the current policy first", replica)
             self.generators.add(replica)
+            self._replicas_changed_at = self.version
+
+    def _settled(self, step: int) -> bool:
+        """Whether every replica of the set took part in batch `step` from its start: the
+        batch was published after the set last changed (a change seen in step c reaches
+        the batches published from step c + 1 on, batch c + 1 + max_lag first; the
+        earlier ones were mostly dispatched to the replicas there were)."""
+        changed = self._replicas_changed_at
+        return changed is None or step >= changed + 1 + self.cfg.max_lag
 
     def _catch_up(self) -> None:
         """While a batch is awaited, look for replicas that joined or left and push the
