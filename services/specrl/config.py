@@ -126,13 +126,15 @@ class HistoryConfig(StrictModel):
     max_tokens: int = Field(4_000_000, ge=1)
     max_age: int = Field(8, ge=0)  # policy updates a response is kept across
     # With a draft model (method eagle3 or draft_model): each request's draft comes from
-    # history where history has a confident match, from the draft model otherwise (the
-    # first epoch, new prompts): where the request's last `hybrid_min_match` tokens at
-    # least agree with history's and history drafts `hybrid_min_draft` tokens at least
-    # (rollout/engines/vllm/history.py).
+    # history or the draft model, whichever's drafts agreed more with what the policy
+    # sampled on that request lately (both are scored every step, verified or not:
+    # rollout/hybrid.py). History's draft is a candidate where the request's last
+    # `hybrid_min_match` tokens at least agree with history's and it drafts
+    # `hybrid_min_draft` tokens at least. When every request of an engine step drafts from
+    # history the draft model runs its first pass only (rollout/engines/vllm/history.py).
     hybrid: bool = False
     hybrid_min_draft: int = Field(2, ge=1)
-    hybrid_min_match: int = Field(8, ge=1)
+    hybrid_min_match: int = Field(2, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> HistoryConfig:

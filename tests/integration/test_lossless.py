@@ -136,6 +136,7 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
         if spec is HYBRID:  # both drafted: history's rows and EAGLE-3's
             state = c.status().speculation
             assert state.history and state.history_rows > 0 and state.model_rows > 0, state
+            assert state.first_pass_only_steps > 0, state  # and history alone, the model skipped
 
 
 def test_returned_logprobs_match_the_hf_model(servers, hf):

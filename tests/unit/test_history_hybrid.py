@@ -1,7 +1,8 @@
-"""Hybrid drafting (speculation.history.hybrid): history's drafts overlaid on the draft
-model's (rollout/engines/vllm/history.py install_hybrid), on a stand-in for vLLM's model
-runner (named as such: the real one runs in tests/integration/test_lossless.py's hybrid
-cell, which proves it lossless). The stand-in has the attributes the overlay reads."""
+"""Hybrid drafting (speculation.history.hybrid): per request, history's draft or the draft
+model's, by what each agreed with lately (rollout/hybrid.py, rollout/engines/vllm/history.py
+install_hybrid), on a stand-in for vLLM's model runner (named as such: the real one runs
+in tests/integration/test_lossless.py's hybrid cell, which proves it lossless). The
+stand-in has the attributes the hybrid reads."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 from specrl.config import SpeculationConfig
 from specrl.rollout.engines.vllm.history import install_hybrid
 from specrl.rollout.history import HistoryIndex
+from specrl.rollout.hybrid import SourceScores, agreed
 
 PROMPT = [1, 2, 3, 4]
 MODEL_TOKEN = 9  # what the stand-in draft model drafts at every position
@@ -30,6 +32,7 @@ class _Runner:
             speculative_config=spec, model_config=SimpleNamespace(max_model_len=64)
         )
         self._draft_probs = None
+        self.model_k: list[int] = []  # the draft length the draft model was asked for, by call
 
     def batch(self, rows: dict[str, list[int]]) -> None:
         """The requests in the batch: id -> prompt + response so far."""
@@ -45,14 +48,21 @@ class _Runner:
         )
 
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
-        return torch.full((len(sampled_token_ids), 3), MODEL_TOKEN, dtype=torch.int32)
+        k = scheduler_output.num_spec_tokens_to_schedule
+        self.model_k.append(k)
+        return torch.full((len(sampled_token_ids), k), MODEL_TOKEN, dtype=torch.int32)
+
+    def step(self, rows: dict[str, list[int]], sampled: list[list[int]]) -> list[list[int]]:
+        """One engine step's drafts for `rows`, which emitted `sampled` last step."""
+        self.batch(rows)
+        drafts = self.propose_draft_token_ids(SimpleNamespace(num_spec_tokens_to_schedule=3), sampled)
+        return drafts.tolist() if isinstance(drafts, torch.Tensor) else drafts
 
 
 def _hybrid(min_draft: int, min_match: int = 1) -> tuple[_Runner, object]:
     runner = _Runner()
     history = install_hybrid(runner, {"min_match": 1}, min_draft, min_match)
-    runner.batch({"a": [*PROMPT, 5, 6, 7, 8]})  # an earlier response to the prompt
-    runner.propose_draft_token_ids(None, [[8]])
+    runner.step({"a": [*PROMPT, 5, 6, 7, 8]}, [[8]])  # an earlier response to the prompt
     return runner, history
 
 
@@ -60,26 +70,68 @@ def test_a_row_with_history_takes_its_draft_and_the_model_fills_the_rest():
     runner, history = _hybrid(min_draft=2)
     # "b" samples the prompt again and has 5, 6: history continues with 7, 8 (two tokens,
     # then the earlier response ends); "c" has a prompt history never saw
-    runner.batch({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24]})
-    drafts = runner.propose_draft_token_ids(None, [[6], [24]])
-    assert drafts.tolist() == [[7, 8, MODEL_TOKEN], [MODEL_TOKEN] * 3]
-    assert history.rows == {"history": 1, "model": 2}  # "a" earlier, "c" now
+    drafts = runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24]}, [[6], [24]])
+    assert drafts == [[7, 8, MODEL_TOKEN], [MODEL_TOKEN] * 3]
+    assert history.rows == {"history": 1, "model": 2, "first_pass_only": 0}  # "a" earlier, "c" now
 
 
 def test_a_match_shorter_than_min_draft_leaves_the_models_draft():
     runner, history = _hybrid(min_draft=3)
-    runner.batch({"b": [*PROMPT, 5, 6]})
-    assert runner.propose_draft_token_ids(None, [[6]]).tolist() == [[MODEL_TOKEN] * 3]
+    assert runner.step({"b": [*PROMPT, 5, 6]}, [[6]]) == [[MODEL_TOKEN] * 3]
     assert history.rows["history"] == 0
 
 
 def test_a_match_over_fewer_than_min_match_tokens_leaves_the_models_draft():
     """ "b"'s six tokens so far agree with "a"'s over all six: confident at min_match 6,
     not at 7 (its context has no seventh token to agree on)."""
-    for min_match, expected in ((6, [7, 8, MODEL_TOKEN]), (7, [MODEL_TOKEN] * 3)):
+    for min_match, expected in ((6, [7, 8]), (7, [MODEL_TOKEN] * 3)):
         runner, _ = _hybrid(min_draft=1, min_match=min_match)
-        runner.batch({"b": [*PROMPT, 5, 6]})
-        assert runner.propose_draft_token_ids(None, [[6]]).tolist() == [expected], min_match
+        assert runner.step({"b": [*PROMPT, 5, 6]}, [[6]]) == [expected], min_match
+
+
+def test_when_every_row_takes_history_the_draft_model_runs_its_first_pass_only():
+    """k=0 asked of the draft model: vLLM's first pass over the tokens just verified (its
+    KV cache current), no drafting; the drafts are history's, ragged."""
+    runner, history = _hybrid(min_draft=1)
+    drafts = runner.step({"b": [*PROMPT, 5], "c": [*PROMPT, 5, 6]}, [[5], [6]])
+    assert drafts == [[6, 7, 8], [7, 8]] and runner.model_k[-1] == 0
+    assert history.rows["first_pass_only"] == 1 and history.rows["history"] == 2
+
+
+def test_a_request_whose_history_drafts_the_policy_rejects_moves_to_the_draft_model():
+    """ "b" takes history's draft 7, 8 (+ the model's 9); the policy then emits 9 where
+    history said 7, as the model's draft did: the next step "b" drafts from the model,
+    though history still has a match."""
+    runner, _ = _hybrid(min_draft=1)
+    first = runner.step({"b": [*PROMPT, 5, 6], "z": [20, 21, 22, 23, 24]}, [[6], [24]])
+    assert first[0] == [7, 8, MODEL_TOKEN]
+    # history's 7 rejected, 9 emitted; history would now continue "6, 9" with nothing,
+    # so "b" is given a context history matches: the earlier response's 5, 6, 7
+    drafts = runner.step({"b": [*PROMPT, 5, 6, 7], "z": [20, 21, 22, 23, 24, 25]}, [[9], [25]])
+    assert drafts[0] == [MODEL_TOKEN] * 3
+
+
+def test_a_draft_is_scored_by_its_leading_tokens_the_step_emitted():
+    assert agreed([7, 8, 9], [7, 8, 4, 1]) == 2 and agreed([7, 8], [7, 8, 9]) == 2
+    assert agreed([7], [3, 7]) == 0 and agreed([], [1]) == 0
+    scores = SourceScores()
+    scores.offer("r", "history", [1, 2, 3])
+    scores.offer("r", "model", [1, 5, 5])
+    scores.score("r", [1, 2, 3, 4])  # history agreed 3, the model 1
+    assert scores.prefers_history("r") and scores.prefers_history("new")
+    assert scores.prior == {"history": pytest.approx(0.15), "model": pytest.approx(0.05)}
+    for _ in range(2):
+        scores.offer("r", "history", [9, 9, 9])
+        scores.offer("r", "model", [1, 2])
+        scores.score("r", [1, 2, 7])  # history 0, the model 2: 0.375 vs 1.75
+    assert not scores.prefers_history("r")
+    # a new request starts from the replica's scores, which moved too: 0.135 vs 0.24
+    assert not scores.prefers_history("new")
+    scores.offer("r", "history", [1])
+    scores.retain([])  # "r" ended: what was offered for it is forgotten, not scored
+    prior = dict(scores.prior)
+    scores.score("r", [1])
+    assert scores.prior == prior
 
 
 def test_draft_probabilities_are_refused():
@@ -87,9 +139,8 @@ def test_draft_probabilities_are_refused():
     probabilities, which an overlaid row no longer follows: not lossless, so refused."""
     runner, _ = _hybrid(min_draft=1)
     runner._draft_probs = torch.ones(1, 3, 4)
-    runner.batch({"b": [*PROMPT, 5, 6]})
     with pytest.raises(RuntimeError, match="deterministic"):
-        runner.propose_draft_token_ids(None, [[6]])
+        runner.step({"b": [*PROMPT, 5, 6], "z": [20, 21, 22, 23, 24]}, [[6], [24]])
 
 
 def test_hybrid_needs_a_draft_model_and_the_index_gets_only_its_settings():

@@ -12,21 +12,30 @@ history on this replica.
 
 Hybrid with a draft model (`speculation.history.hybrid`, method eagle3 or draft_model):
 the model runner keeps the draft model as its proposer, and the worker extension wraps
-the runner's `propose_draft_token_ids` (`install_hybrid`): after the draft model has
-drafted the batch, each row for which history has a confident match (its context agrees
-with history's over `min_match` tokens at least) and drafts `min_draft` tokens at least takes
-history's tokens in its first positions. Lossless: specrl runs the draft model with
-vLLM's greedy draft sampling (its default), so both drafts are deterministic functions of
-the request's tokens so far, and whichever fills a position, the rejection sampler
-verifies a deterministic draft, as for n-gram. The wrapper refuses draft probabilities
-(probabilistic draft sampling), whose rows would then no longer describe the draft. The
-draft model still runs for every row (its KV cache must stay current), so the hybrid
-costs the draft model's step plus history's lookup; vLLM drafts after its bookkeeping
-then (`disable_padded_drafter_batch`), when the batch's tokens are on the CPU.
+the runner's `propose_draft_token_ids` (`install_hybrid`). Each step, history drafts every
+row first; a row's history draft is a candidate where its context agrees with history's
+over `min_match` tokens at least and it drafts `min_draft` tokens at least, and a
+candidate is taken where history's drafts have agreed with the policy's samples on that
+request at least as well as the draft model's lately (specrl.rollout.hybrid: both
+sources' drafts are scored every step, verified or not). When every row takes history's
+draft the draft model runs its first pass only (over the tokens just verified, so its KV
+cache stays current) instead of all k positions: the hybrid then costs about what history
+alone does. Otherwise the draft model drafts every row and the rows that take history get
+history's tokens first and the model's after them.
+
+Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
+both drafts are deterministic functions of the request's tokens so far, and the choice
+between them is made from earlier steps' tokens only: whichever fills a position, the
+rejection sampler verifies a deterministic draft, as for n-gram. The wrapper refuses
+draft probabilities (probabilistic draft sampling), whose rows would then no longer
+describe the draft. vLLM drafts after its bookkeeping then (`disable_padded_drafter_batch`,
+which also turns async scheduling off), when the batch's tokens are on the CPU and a
+step's drafts may be ragged lists.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from typing import Any
 
@@ -34,6 +43,7 @@ import numpy as np
 import torch
 
 from specrl.rollout.history import HistoryIndex
+from specrl.rollout.hybrid import SourceScores
 
 PROPOSER = f"{__name__}.HistoryProposer"
 
@@ -45,7 +55,8 @@ class HistoryProposer:
         self.index = HistoryIndex()
         self.runner: Any = None  # the model runner, once attached
         self._requests: dict[str, tuple[bytes, int, int]] = {}  # req id -> key, sequence, tokens seen
-        self.rows = {"history": 0, "model": 0}  # hybrid: rows drafted by each
+        # hybrid: rows drafted by each source, steps the draft model ran its first pass only
+        self.rows = {"history": 0, "model": 0, "first_pass_only": 0}
 
     def attach(self, runner: Any, settings: dict) -> None:
         self.runner = runner
@@ -109,38 +120,53 @@ def prompt_key(prompt: Any) -> bytes:
 
 
 def install_hybrid(runner: Any, settings: dict, min_draft: int, min_match: int) -> HistoryProposer:
-    """Overlay history's drafts on the draft model's (module docstring) in `runner`: a
-    row's where history matches its context over `min_match` tokens at least and drafts
-    `min_draft` tokens at least."""
+    """Choose per request between history's draft and the draft model's (module docstring)
+    in `runner`: history's is a candidate where it matches the context over `min_match`
+    tokens at least and drafts `min_draft` tokens at least."""
     history = HistoryProposer(runner.vllm_config)
     history.attach(runner, settings)
+    scores = SourceScores()
     propose_model = runner.propose_draft_token_ids
 
     def propose_draft_token_ids(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
+        batch = runner.input_batch
+        k = scheduler_output.num_spec_tokens_to_schedule
+        found = history.propose(
+            sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=k, min_depth=min_match
+        )
+        scores.retain(batch.req_id_to_index.keys())
+        live = [i for i, sampled in enumerate(sampled_token_ids) if len(sampled)]
+        for i in live:
+            scores.score(batch.req_ids[i], sampled_token_ids[i])
+        candidates = {i for i in live if len(found[i]) >= min_draft}
+        chosen = [i for i in sorted(candidates) if scores.prefers_history(batch.req_ids[i])]
+        if k > 0 and live and len(chosen) == len(live):
+            # every request drafts from history: the draft model runs its first pass only
+            # (its KV cache kept current), not its k - 1 sequential forwards
+            first_pass = copy.copy(scheduler_output)
+            first_pass.num_spec_tokens_to_schedule = 0
+            propose_model(first_pass, sampled_token_ids, *args, **kwargs)
+            history.rows["history"] += len(chosen)
+            history.rows["first_pass_only"] += 1
+            for i in chosen:
+                scores.offer(batch.req_ids[i], "history", found[i])
+            return found  # ragged, as n-gram's: vLLM verifies each row's draft as long as it is
         drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
         if runner._draft_probs is not None:
             raise RuntimeError(
                 "hybrid history drafting needs deterministic draft-model drafts (vLLM "
                 "draft_sample_method greedy); the engine produced draft probabilities"
             )
-        batch = runner.input_batch
-        found = history.propose(
-            sampled_token_ids,
-            batch.num_tokens_no_spec,
-            batch.token_ids_cpu,
-            k=drafts.shape[1],
-            min_depth=min_match,
-        )
-        rows = [i for i, d in enumerate(found) if len(d) >= min_draft]
-        history.rows["history"] += len(rows)
-        history.rows["model"] += len(found) - len(rows)
-        if rows:
-            values = torch.full((len(rows), drafts.shape[1]), -1, dtype=drafts.dtype)
-            for j, i in enumerate(rows):
-                values[j, : len(found[i])] = torch.tensor(found[i], dtype=drafts.dtype)
-            index = torch.tensor(rows, device=drafts.device)
-            values = values.to(drafts.device)
-            drafts[index] = torch.where(values >= 0, values, drafts[index])
+        model = drafts.tolist()
+        history.rows["history"] += len(chosen)
+        history.rows["model"] += len(live) - len(chosen)
+        for i in live:
+            scores.offer(batch.req_ids[i], "model", model[i])
+        for i in candidates:  # history's draft, the model's after it: what would be verified
+            row = found[i] + model[i][len(found[i]) :]
+            scores.offer(batch.req_ids[i], "history", row)
+            if i in chosen:
+                drafts[i] = torch.tensor(row, dtype=drafts.dtype, device=drafts.device)
         return drafts
 
     runner.propose_draft_token_ids = propose_draft_token_ids
