@@ -130,8 +130,9 @@ class HistoryConfig(StrictModel):
     # sampled on that request lately (both are scored every step, verified or not:
     # rollout/hybrid.py). History's draft is a candidate where the request's last
     # `hybrid_min_match` tokens at least agree with history's and it drafts
-    # `hybrid_min_draft` tokens at least. When every request of an engine step drafts from
-    # history the draft model runs its first pass only (rollout/engines/vllm/history.py).
+    # `hybrid_min_draft` tokens at least. When every request of an engine step has one and
+    # history alone is expected to give more tokens per second (measured step times), the
+    # draft model runs its first pass only (rollout/engines/vllm/history.py).
     hybrid: bool = False
     hybrid_min_draft: int = Field(2, ge=1)
     hybrid_min_match: int = Field(2, ge=1)
@@ -373,13 +374,14 @@ class RolloutServerConfig(StrictModel):
     max_samples_per_request: int = Field(65536, ge=1)
     weight_sync: WeightReceiverConfig = WeightReceiverConfig()
 
-    @model_validator(mode="after")
-    def _nodes_find_node0(self) -> RolloutServerConfig:
+    def node0_port_error(self) -> str | None:
+        """Why a node of a multi-node replica started on its own (`specrl serve rollout` or
+        `rollout-worker`, a LeaderWorkerSet's pods) cannot find node 0; None if it can.
+        (Under `specrl run` with launcher ray the launcher picks node 0's port and tells
+        every node.)"""
         if self.engine.nnodes > 1 and self.port == 0:
-            raise ValueError(
-                "engine.nnodes > 1 needs a fixed port: the other nodes watch node 0's gRPC health there"
-            )
-        return self
+            return "engine.nnodes > 1 needs a fixed port: the other nodes watch node 0's gRPC health there"
+        return None
 
 
 class GRPOConfig(StrictModel):
@@ -888,7 +890,8 @@ class RayLauncherConfig(StrictModel):
     address: str | None = None
     namespace: str = Field("specrl", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     # Whether the services take GPUs: a rollout replica its engine's tensor_parallel_size
-    # (one bundle), a trainer rank one, the draft-trainer one. False: CPU builds.
+    # (one bundle; with engine.nnodes N, N bundles of a share each), a trainer rank one,
+    # the draft-trainer one. False: CPU builds.
     gpus: bool = True
     # Trainer ranks per bundle: one node's GPUs (the chart's trainer.procsPerNode); the
     # ranks of one bundle share a node, so their collectives stay on its NVLink.
@@ -950,10 +953,11 @@ class RunConfig(StrictModel):
                 f"rollout.server.engine.model ({engine.model}) and trainer.server.trainer.model "
                 f"({trainer.model}) must be the same policy"
             )
-        if local_rollout and engine.nnodes > 1:
+        if local_rollout and engine.nnodes > 1 and self.launcher != "ray":
             raise ValueError(
-                "rollout.server.engine.nnodes > 1: `specrl run` starts one-machine replicas; start a "
-                "multi-node replica with `specrl serve rollout` and `rollout-worker` and give its address"
+                "rollout.server.engine.nnodes > 1: `specrl run` starts one-machine replicas here "
+                "(launcher: ray places multi-node ones); start a multi-node replica with `specrl "
+                "serve rollout` and `rollout-worker` and give its address"
             )
         if local_rollout and self.sampling.max_tokens >= engine.max_model_len:
             raise ValueError(

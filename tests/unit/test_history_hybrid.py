@@ -14,9 +14,10 @@ import torch
 from pydantic import ValidationError
 
 from specrl.config import SpeculationConfig
+from specrl.rollout.engines.vllm import history as vllm_history
 from specrl.rollout.engines.vllm.history import install_hybrid
 from specrl.rollout.history import HistoryIndex
-from specrl.rollout.hybrid import SourceScores, agreed
+from specrl.rollout.hybrid import SourceScores, StepCosts, agreed
 
 PROMPT = [1, 2, 3, 4]
 MODEL_TOKEN = 9  # what the stand-in draft model drafts at every position
@@ -39,6 +40,7 @@ class _Runner:
         tokens = np.zeros((len(rows), 64), dtype=np.int32)
         for i, seq in enumerate(rows.values()):
             tokens[i, : len(seq)] = seq
+        self.requests = dict(rows)  # the runner's live requests (a step's batch holds them all here)
         self.input_batch = SimpleNamespace(
             req_ids=list(rows),
             req_id_to_index={r: i for i, r in enumerate(rows)},
@@ -60,9 +62,13 @@ class _Runner:
 
 
 def _hybrid(min_draft: int, min_match: int = 1) -> tuple[_Runner, object]:
+    """The hybrid with "a"'s response to PROMPT (5, 6, 7, 8) in history, and the draft
+    model measured once on "m", a request of another prompt, at 0 agreed tokens (the
+    policy emitted 35 where it drafted 9): history, at 0 too, is preferred on a tie."""
     runner = _Runner()
     history = install_hybrid(runner, {"min_match": 1}, min_draft, min_match)
-    runner.step({"a": [*PROMPT, 5, 6, 7, 8]}, [[8]])  # an earlier response to the prompt
+    runner.step({"a": [*PROMPT, 5, 6, 7, 8], "m": [30, 31, 32, 33, 34]}, [[8], [34]])
+    runner.step({"m": [30, 31, 32, 33, 34, 35]}, [[35]])
     return runner, history
 
 
@@ -72,7 +78,7 @@ def test_a_row_with_history_takes_its_draft_and_the_model_fills_the_rest():
     # then the earlier response ends); "c" has a prompt history never saw
     drafts = runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24]}, [[6], [24]])
     assert drafts == [[7, 8, MODEL_TOKEN], [MODEL_TOKEN] * 3]
-    assert history.rows == {"history": 1, "model": 2, "first_pass_only": 0}  # "a" earlier, "c" now
+    assert history.rows["history"] == 1 and history.rows["first_pass_only"] == 0
 
 
 def test_a_match_shorter_than_min_draft_leaves_the_models_draft():
@@ -98,6 +104,41 @@ def test_when_every_row_takes_history_the_draft_model_runs_its_first_pass_only()
     assert history.rows["first_pass_only"] == 1 and history.rows["history"] == 2
 
 
+def test_when_history_alone_would_be_slower_the_draft_model_drafts_and_rows_take_the_better(monkeypatch):
+    """Every row has a history draft, but the step's tokens per second are expected to be
+    higher with the draft model's (StepCosts): it drafts all k positions, and each row
+    takes history's draft only where history scores at least as well."""
+    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, first_pass, full: False)
+    runner, history = _hybrid(min_draft=1)
+    drafts = runner.step({"b": [*PROMPT, 5], "c": [*PROMPT, 5, 6]}, [[5], [6]])
+    assert drafts == [[6, 7, 8], [7, 8, MODEL_TOKEN]] and runner.model_k[-1] == 3
+    assert history.rows["first_pass_only"] == 0
+
+
+def test_the_first_pass_path_is_chosen_by_expected_tokens_per_second():
+    costs = StepCosts()
+    assert costs.first_pass_pays(1.0, 4.0)  # not timed yet: tried
+    costs.observe("full", 0.5, None)
+    costs.observe("first_pass", 0.1, 1.0)
+    # 3 tokens in 1.1 s against 3.5 in 1.5 s: history alone
+    assert costs.first_pass_pays(3.0, 3.5)
+    costs.rest = 0.2  # a fast target: 3 tokens in 0.3 s against 3.6 in 0.7 s... still
+    assert costs.first_pass_pays(3.0, 3.6)
+    costs.draft["full"] = 0.15  # a cheap draft model: 3 in 0.3 s against 3.6 in 0.35 s
+    assert not costs.first_pass_pays(3.0, 3.6)
+
+
+def test_the_draft_model_drafts_again_after_a_run_of_first_passes(monkeypatch):
+    """After REMEASURE_EVERY steps of history alone, one step where the draft model drafts
+    (and is scored) again: its weights may have changed since it was last measured."""
+    monkeypatch.setattr(vllm_history, "REMEASURE_EVERY", 2)
+    runner, _ = _hybrid(min_draft=1)
+    runner.step({"b": [*PROMPT, 5]}, [[5]])
+    runner.step({"b": [*PROMPT, 5, 6]}, [[6]])  # history's 6 agreed: history still
+    assert runner.step({"b": [*PROMPT, 5, 6, 7]}, [[7]]) == [[8, MODEL_TOKEN, MODEL_TOKEN]]
+    assert runner.model_k[-3:] == [0, 0, 3]
+
+
 def test_a_request_whose_history_drafts_the_policy_rejects_moves_to_the_draft_model():
     """ "b" takes history's draft 7, 8 (+ the model's 9); the policy then emits 9 where
     history said 7, as the model's draft did: the next step "b" drafts from the model,
@@ -115,22 +156,25 @@ def test_a_draft_is_scored_by_its_leading_tokens_the_step_emitted():
     assert agreed([7, 8, 9], [7, 8, 4, 1]) == 2 and agreed([7, 8], [7, 8, 9]) == 2
     assert agreed([7], [3, 7]) == 0 and agreed([], [1]) == 0
     scores = SourceScores()
-    scores.offer("r", "history", [1, 2, 3])
-    scores.offer("r", "model", [1, 5, 5])
-    scores.score("r", [1, 2, 3, 4])  # history agreed 3, the model 1
+    assert not scores.prefers_history("r")  # the draft model not measured yet: it drafts
+    scores.offer("r", "history", [1, 2, 3], at=4)
+    scores.offer("r", "model", [1, 5, 5], at=4)
+    scores.score("r", [1, 2, 3, 4], at=8)  # history agreed 3, the model 1
     assert scores.prefers_history("r") and scores.prefers_history("new")
     assert scores.prior == {"history": pytest.approx(0.15), "model": pytest.approx(0.05)}
-    for _ in range(2):
-        scores.offer("r", "history", [9, 9, 9])
-        scores.offer("r", "model", [1, 2])
-        scores.score("r", [1, 2, 7])  # history 0, the model 2: 0.375 vs 1.75
+    for at in (8, 11):
+        scores.offer("r", "history", [9, 9, 9], at=at)
+        scores.offer("r", "model", [1, 2], at=at)
+        scores.score("r", [1, 2, 7], at=at + 3)  # history 0, the model 2: 0.375 vs 1.75
     assert not scores.prefers_history("r")
     # a new request starts from the replica's scores, which moved too: 0.135 vs 0.24
     assert not scores.prefers_history("new")
-    scores.offer("r", "history", [1])
-    scores.retain([])  # "r" ended: what was offered for it is forgotten, not scored
     prior = dict(scores.prior)
-    scores.score("r", [1])
+    scores.offer("r", "history", [1], at=14)
+    scores.score("r", [1], at=16)  # not the step after the offer (one was skipped): not scored
+    scores.offer("r", "history", [1], at=16)
+    scores.retain([])  # "r" ended: what was offered for it is forgotten, not scored
+    scores.score("r", [1], at=17)
     assert scores.prior == prior
 
 

@@ -6,10 +6,14 @@ token x with probability p(x), the probability that the policy samples x. The to
 step emits are samples of the policy (that is what lossless means), so any deterministic
 draft of the step can be scored against them, not only the one that was verified: its
 leading tokens that agree with the emitted ones are distributed as its accepted tokens
-would have been (censored at the tokens emitted: the accepted ones and one more). So
-every step scores every draft a source made for it, chosen or not, and a request's next
-draft comes from the source whose recent drafts agreed most (SourceScores). Ties go to
-history, which costs no draft-model forwards when every request of a step takes it.
+would have been, censored at the tokens emitted (the accepted ones and one more). The
+verified draft's score is exact; the other's is at most one more, so a request moves to
+the other source only when that one agreed past where the verified draft was rejected,
+a little stickiness on the side of the source it has. So every step scores every draft a
+source made for it, chosen or not, and a request's next draft comes from the source
+whose recent drafts agreed most (SourceScores). Ties go to history, which costs no
+draft-model forwards when every request of a step takes it, once the draft model has
+been measured on the replica at all.
 
 A request starts from the replica's running scores: a new request on a prompt whose
 history drafts well starts trusting history, and a weak draft model is left behind after
@@ -23,6 +27,10 @@ from collections.abc import Collection, Sequence
 SOURCES = ("history", "model")
 DECAY = 0.5  # a request's score: its last few steps (a span repeated, or not)
 PRIOR_DECAY = 0.95  # the replica's scores, where a request starts
+# steps in a row that every request drafts from history (the draft model's first pass
+# only) before one where the draft model drafts too and is measured again (its weights
+# may have been updated since)
+REMEASURE_EVERY = 16
 
 
 def agreed(draft: Sequence[int], emitted: Sequence[int]) -> int:
@@ -37,27 +45,45 @@ def agreed(draft: Sequence[int], emitted: Sequence[int]) -> int:
 
 class SourceScores:
     """Per request, a moving average of the tokens each source's drafts agreed with the
-    tokens emitted after them; the replica's own over every request as the start."""
+    tokens emitted after them; the replica's own over every request as the start. An
+    offer is scored only against the step right after it (`at`: the request's tokens
+    when it was offered; a step the drafter skipped would misalign them)."""
 
     def __init__(self) -> None:
         self.prior = dict.fromkeys(SOURCES, 0.0)
+        self.measured = dict.fromkeys(SOURCES, 0)  # drafts scored, over the replica
         self._scores: dict[str, dict[str, float]] = {}
-        self._offered: dict[str, dict[str, list[int]]] = {}
+        self._offered: dict[str, tuple[int, dict[str, list[int]]]] = {}
 
-    def score(self, req: str, emitted: Sequence[int]) -> None:
-        """The tokens `req`'s last step emitted: every draft offered for it is scored."""
+    def score(self, req: str, emitted: Sequence[int], at: int) -> None:
+        """The tokens `req`'s last step emitted, `at` its tokens now: every draft offered
+        for that step is scored."""
+        offered_at, drafts = self._offered.pop(req, (None, {}))
+        if offered_at != at - len(emitted):
+            return
         scores = self._scores.setdefault(req, dict(self.prior))
-        for source, draft in self._offered.pop(req, {}).items():
+        for source, draft in drafts.items():
             n = agreed(draft, emitted)
             scores[source] = DECAY * scores[source] + (1 - DECAY) * n
             self.prior[source] = PRIOR_DECAY * self.prior[source] + (1 - PRIOR_DECAY) * n
+            self.measured[source] += 1
 
-    def offer(self, req: str, source: str, draft: Sequence[int]) -> None:
-        """`source` drafted `draft` for `req`'s next step (verified or not)."""
-        self._offered.setdefault(req, {})[source] = list(draft)
+    def offer(self, req: str, source: str, draft: Sequence[int], at: int) -> None:
+        """`source` drafted `draft` for `req`'s next step (verified or not), `at` the
+        request's tokens so far."""
+        offered_at, drafts = self._offered.setdefault(req, (at, {}))
+        if offered_at != at:  # left over from a step that was not scored
+            self._offered[req] = offered_at, drafts = at, {}
+        drafts[source] = list(draft)
+
+    def expected(self, req: str) -> dict[str, float]:
+        """Tokens each source's next draft for `req` is expected to have accepted."""
+        return self._scores.get(req, self.prior)
 
     def prefers_history(self, req: str) -> bool:
-        scores = self._scores.get(req, self.prior)
+        if not self.measured["model"]:  # never measured here: it drafts, and is measured
+            return False
+        scores = self.expected(req)
         return scores["history"] >= scores["model"]
 
     def retain(self, reqs: Collection[str]) -> None:
@@ -65,3 +91,35 @@ class SourceScores:
         for table in (self._scores, self._offered):
             for req in table.keys() - reqs:
                 del table[req]
+
+
+class StepCosts:
+    """Moving averages of an engine step's seconds: outside the draft model (`rest`: the
+    target's forward, sampling, bookkeeping, history's lookup) and of the draft model's
+    work by path (`full`: all k positions; `first_pass`: its first pass only). Whether a
+    step where every request drafts from history should skip the draft model's k - 1
+    sequential positions is a question of tokens per second, not of tokens alone: a
+    history draft a little worse than the model's still pays when it saves the model's
+    forwards (small batches, where a forward costs the same for 1 row as for 4)."""
+
+    def __init__(self) -> None:
+        self.rest: float | None = None
+        self.draft: dict[str, float | None] = {"full": None, "first_pass": None}
+
+    def observe(self, path: str, draft_s: float, rest_s: float | None) -> None:
+        self.draft[path] = _ema(self.draft[path], draft_s)
+        if rest_s is not None:
+            self.rest = _ema(self.rest, rest_s)
+
+    def first_pass_pays(self, tokens_first_pass: float, tokens_full: float) -> bool:
+        """Whether a step of history's drafts alone, expected to emit `tokens_first_pass`
+        tokens, is expected to be faster than one with the draft model's (`tokens_full`);
+        True while the first-pass path has not been timed (so it is)."""
+        first, full = self.draft["first_pass"], self.draft["full"]
+        if first is None or full is None or self.rest is None:
+            return True
+        return tokens_first_pass / (self.rest + first) >= tokens_full / (self.rest + full)
+
+
+def _ema(average: float | None, x: float, decay: float = 0.9) -> float:
+    return x if average is None else decay * average + (1 - decay) * x

@@ -17,11 +17,15 @@ row first; a row's history draft is a candidate where its context agrees with hi
 over `min_match` tokens at least and it drafts `min_draft` tokens at least, and a
 candidate is taken where history's drafts have agreed with the policy's samples on that
 request at least as well as the draft model's lately (specrl.rollout.hybrid: both
-sources' drafts are scored every step, verified or not). When every row takes history's
-draft the draft model runs its first pass only (over the tokens just verified, so its KV
-cache stays current) instead of all k positions: the hybrid then costs about what history
-alone does. Otherwise the draft model drafts every row and the rows that take history get
-history's tokens first and the model's after them.
+sources' drafts are scored every step, verified or not). When every row has a candidate
+and history's drafts alone are expected to give more tokens per second (their expected
+accepted tokens over the step's time without the draft model's k - 1 positions, against
+the better source per row over the step's time with them, both times measured:
+StepCosts), the draft model runs its first pass only (over the tokens just verified, so
+its KV cache stays current): the hybrid then costs about what history alone does; every
+REMEASURE_EVERY such steps in a row it drafts once more, to be scored again. Otherwise
+the draft model drafts every row and the rows that take history get history's tokens
+first and the model's after them.
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
 both drafts are deterministic functions of the request's tokens so far, and the choice
@@ -37,13 +41,14 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import time
 from typing import Any
 
 import numpy as np
 import torch
 
 from specrl.rollout.history import HistoryIndex
-from specrl.rollout.hybrid import SourceScores
+from specrl.rollout.hybrid import REMEASURE_EVERY, SourceScores, StepCosts
 
 PROPOSER = f"{__name__}.HistoryProposer"
 
@@ -92,7 +97,8 @@ class HistoryProposer:
             k_row = min(self.k if k is None else k, self.max_model_len - n - 1)
             context = token_ids_cpu[i, max(0, n - self.index.max_depth - 1) : n]
             drafts.append(self.index.propose(key, seq, context, k_row, min_depth))
-        for req_id in self._requests.keys() - batch.req_id_to_index.keys():  # ended
+        # ended (the runner's requests: one not scheduled this step is out of the batch only)
+        for req_id in self._requests.keys() - self.runner.requests.keys():
             key, seq, _ = self._requests.pop(req_id)
             self.index.finish(key, seq)
         return drafts
@@ -125,33 +131,53 @@ def install_hybrid(runner: Any, settings: dict, min_draft: int, min_match: int) 
     tokens at least and drafts `min_draft` tokens at least."""
     history = HistoryProposer(runner.vllm_config)
     history.attach(runner, settings)
-    scores = SourceScores()
+    scores, costs = SourceScores(), StepCosts()
     propose_model = runner.propose_draft_token_ids
+    streak = 0  # steps in a row the draft model ran its first pass only
+    returned_at: float | None = None  # when the last step's drafts were returned
 
     def propose_draft_token_ids(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
+        nonlocal streak, returned_at
+        called_at = time.perf_counter()
+        rest_s = None if returned_at is None else called_at - returned_at
         batch = runner.input_batch
         k = scheduler_output.num_spec_tokens_to_schedule
         found = history.propose(
             sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=k, min_depth=min_match
         )
-        scores.retain(batch.req_id_to_index.keys())
+        scores.retain(runner.requests.keys())
         live = [i for i, sampled in enumerate(sampled_token_ids) if len(sampled)]
+        at = {i: int(batch.num_tokens_no_spec[i]) for i in live}
         for i in live:
-            scores.score(batch.req_ids[i], sampled_token_ids[i])
+            scores.score(batch.req_ids[i], sampled_token_ids[i], at[i])
         candidates = {i for i in live if len(found[i]) >= min_draft}
         chosen = [i for i in sorted(candidates) if scores.prefers_history(batch.req_ids[i])]
-        if k > 0 and live and len(chosen) == len(live):
+        if k > 0 and live and len(candidates) == len(live) and streak < REMEASURE_EVERY:
+            expected = [scores.expected(batch.req_ids[i]) for i in live]
+            first_pass_only = scores.measured["model"] > 0 and costs.first_pass_pays(
+                sum(1 + e["history"] for e in expected), sum(1 + max(e.values()) for e in expected)
+            )
+        else:
+            first_pass_only = False
+        if first_pass_only:
             # every request drafts from history: the draft model runs its first pass only
             # (its KV cache kept current), not its k - 1 sequential forwards
+            streak += 1
             first_pass = copy.copy(scheduler_output)
             first_pass.num_spec_tokens_to_schedule = 0
+            started = time.perf_counter()
             propose_model(first_pass, sampled_token_ids, *args, **kwargs)
-            history.rows["history"] += len(chosen)
+            costs.observe("first_pass", time.perf_counter() - started, rest_s)
+            history.rows["history"] += len(live)
             history.rows["first_pass_only"] += 1
-            for i in chosen:
-                scores.offer(batch.req_ids[i], "history", found[i])
+            for i in live:
+                scores.offer(batch.req_ids[i], "history", found[i], at[i])
+            returned_at = time.perf_counter()
             return found  # ragged, as n-gram's: vLLM verifies each row's draft as long as it is
+        streak = 0
+        started = time.perf_counter()
         drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
+        costs.observe("full", time.perf_counter() - started, rest_s)
         if runner._draft_probs is not None:
             raise RuntimeError(
                 "hybrid history drafting needs deterministic draft-model drafts (vLLM "
@@ -161,12 +187,13 @@ def install_hybrid(runner: Any, settings: dict, min_draft: int, min_match: int) 
         history.rows["history"] += len(chosen)
         history.rows["model"] += len(live) - len(chosen)
         for i in live:
-            scores.offer(batch.req_ids[i], "model", model[i])
+            scores.offer(batch.req_ids[i], "model", model[i], at[i])
         for i in candidates:  # history's draft, the model's after it: what would be verified
             row = found[i] + model[i][len(found[i]) :]
-            scores.offer(batch.req_ids[i], "history", row)
+            scores.offer(batch.req_ids[i], "history", row, at[i])
             if i in chosen:
                 drafts[i] = torch.tensor(row, dtype=drafts.dtype, device=drafts.device)
+        returned_at = time.perf_counter()
         return drafts
 
     runner.propose_draft_token_ids = propose_draft_token_ids
