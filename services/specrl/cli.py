@@ -137,6 +137,8 @@ def serve_rollout(
         cfg = load_config(config, RolloutServerConfig, overrides)
     except ConfigError as e:
         _fail(str(e))
+    if why := cfg.node0_port_error():
+        _fail(f"{config}: {why}")
     _logging(verbose)
     from specrl.rollout.engines.base import UnsupportedEngine
     from specrl.rollout.server import serve
@@ -162,6 +164,8 @@ def serve_rollout_worker(
         cfg = load_config(config, RolloutServerConfig)
     except ConfigError as e:
         _fail(str(e))
+    if why := cfg.node0_port_error():
+        _fail(f"{config}: {why}")
     if node_rank is None:
         index = os.environ.get("LWS_WORKER_INDEX", "")
         if not index.isdigit():

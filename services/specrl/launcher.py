@@ -142,8 +142,7 @@ class ServiceProcess:
             self.service,
             "--config",
             str(cfg_path),
-            "--ready-file",
-            str(ready),
+            *(["--ready-file", str(ready)] if self.wait_ready else []),  # one that serves
         ]
         # appended to: the log of a service started again keeps its previous life's
         log = open(self.log_path, "a")  # noqa: SIM115 (owned by the child for its lifetime)

@@ -4,8 +4,12 @@ run goes end to end through the launcher, every service a Ray actor in its place
 group; mid-run its rollout replica's actor is killed (started again in its bundle, the
 run goes on, its engine processes gone with it) and then its trainer's actor (the run
 stops with its state kept), and `specrl run --resume` finishes it with every step once
-and no group trained twice. Bad input (no cluster, too few resources, a Ray release the
-launcher does not support) is an error before anything starts."""
+and no group trained twice. A rollout replica spanning two nodes (engine.nnodes: two
+actors, `specrl serve rollout` and `rollout-worker` as a LeaderWorkerSet's pods run them)
+serves the policy and takes weight updates on both, starts again whole when a node dies,
+and its other node ends by itself when node 0 goes. Bad input (no cluster, too few
+resources, a Ray release the launcher does not support) is an error before anything
+starts."""
 
 from __future__ import annotations
 
@@ -21,12 +25,22 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_weightsync import Reference, max_logprob_gap
 
-from specrl.config import RayLauncherConfig, RunConfig, TrainerServerConfig
+from specrl import serving
+from specrl.config import (
+    RayLauncherConfig,
+    RunConfig,
+    TrainerServerConfig,
+    WeightSenderConfig,
+    resolve_model_path,
+)
 from specrl.launcher import free_port
 from specrl.orchestrator import ray_launcher
 from specrl.orchestrator.system import StartupError, System
+from specrl.rollout.api import RolloutClient
 from specrl.serving import health_of
+from specrl.weightsync.sender import WeightSender
 
 from helpers import SpecrlRun, run_steps, tiny_run_config, wait_for, wait_for_steps
 
@@ -153,6 +167,84 @@ def test_a_run_on_ray_survives_a_killed_replica_and_resumes_after_a_killed_train
     groups_trained = [g for r in final for g in r["group_ids"]]
     assert len(groups_trained) == len(set(groups_trained)) == STEPS * PROMPTS, "a group trained on twice"
     assert not [g for g in driver.util.placement_group_table().values() if g["state"] == "CREATED"]
+
+
+GAP = 2e-3  # float32 engine vs float32 reference (the single-node weight-sync tests' bound)
+LEADER_GRACE_S = 5.0
+
+
+def test_a_replica_spanning_two_nodes_serves_takes_updates_and_restarts_whole(
+    zoo, servers, ray_head, driver, tmp_path
+):
+    """Tensor parallel 2 split over two nodes (actors here, on one machine): each node
+    computes half of every layer, so logprobs match the reference only if both hold their
+    shard, and after a push only if it reached both nodes' workers. The trainer is a
+    stand-in (named as such: a gRPC health endpoint only, which is all the run asks of a
+    trainer it did not start until the loop runs); this test pushes the weights itself."""
+    from transformers import AutoTokenizer
+
+    servers.close()  # two cores: no other engine while these run
+    cfg = _config(tmp_path, ray_head)
+    cfg["rollout"]["server"]["engine"] |= {
+        "tensor_parallel_size": 2, "nnodes": 2, "cpu_threads_bind": "nobind",
+        "leader_grace_s": LEADER_GRACE_S,
+    }  # fmt: skip
+    cfg["rollout"]["server"]["speculation"] = {"method": "none"}
+    del cfg["rollout"]["autoscale"]
+    sender_cfg = WeightSenderConfig(kind="policy", timeout_s=60.0, rpc_timeout_s=60.0, bucket_mb=1.0)
+    sender = WeightSender(sender_cfg)
+    stand_in, port = serving.start(lambda server: None, "trainer", "127.0.0.1", 0)
+    try:
+        cfg["trainer"] = {"address": f"127.0.0.1:{port}"}
+        system = System(RunConfig.model_validate(cfg), tmp_path / "run").start()
+        try:
+            [replica] = system.rollout
+            groups = {g["name"]: g for g in driver.util.placement_group_table().values()}
+            [group] = [g for n, g in groups.items() if n.endswith("-rollout-0") and g["state"] == "CREATED"]
+            assert len(group["bundles"]) == 2, group  # a bundle per node
+            ref = Reference()
+            tok = AutoTokenizer.from_pretrained(resolve_model_path("zoo:target"))
+            with RolloutClient(replica.address, timeout=300) as client:
+                assert client.status().weight_sync_workers == 2
+                gap, _ = max_logprob_gap(client, ref, tok)
+                assert gap < GAP, f"the two-node replica's logprobs are off the policy's by {gap}"
+                ref.perturb(seed=5)
+                sender.add_replica(replica.address)
+                assert sender.push(1, ref.model.named_parameters).members == [replica.address]
+                gap, samples = max_logprob_gap(client, ref, tok)
+                assert {s.policy_version for s in samples} == {1}
+                assert gap < GAP, (
+                    f"after the push, logprobs are off the new policy by {gap}: a node missed it"
+                )
+            sender.remove_replica(replica.address)
+
+            # node 1 dies: the whole replica starts again, node 0 on the address the run knows
+            address = replica.address
+            driver.kill(driver.get_actor(_actor(driver, "-rollout-0-node1"), namespace="specrl"))
+            wait_for(lambda: replica.exit_code() is not None, 30, "the dead node seen")
+            system.check_alive()
+            wait_for(lambda: replica.started(), 300, "the replica serving again")
+            assert replica.address == address
+            ref.restore()  # a fresh engine: the initial policy
+            with RolloutClient(address, timeout=300) as client:
+                assert max_logprob_gap(client, ref, tok)[0] < GAP
+            # node 0 goes: node 1 ends by itself (engine.leader_grace_s, then vLLM's
+            # shutdown of workers stuck in collectives with node 0's), as a pod would.
+            # Node 1 gives node 0 up only once it has seen it serve (its start may take
+            # minutes): it looks every leader_grace_s, so node 0 serves that long first.
+            time.sleep(LEADER_GRACE_S + 1)
+            leader, worker = replica.nodes
+            leader.stop()
+            deadline = time.monotonic() + 90
+            while (code := worker.exit_code()) is None and time.monotonic() < deadline:
+                time.sleep(1.0)
+            assert code == 0 and "node 0 (" in worker.log_tail(200), (code, worker.log_tail(20))
+        finally:
+            sender.close()
+            system.stop()
+    finally:
+        stand_in.stop(grace=None)
+    assert not _orphaned_engines(), "engine processes outlived their replica"
 
 
 def test_rollout_actors_are_added_and_removed_as_the_autoscaler_asks(zoo, ray_head, driver):

@@ -56,7 +56,6 @@ def _write(tmp_path, text: str, name: str = "run.yaml"):
         ("compare: {runs: [sync]}", "compare.runs.0"),
         ("compare: {runs: [ar], steps: 1}", "compare.steps"),
         ("rollout: {server: {port: 5, engine: {nnodes: 2, tensor_parallel_size: 2}}}", "one-machine"),
-        ("rollout: {server: {port: 0, engine: {nnodes: 2, tensor_parallel_size: 2}}}", "a fixed port"),
         ("rollout: {server: {engine: {nnodes: 2, tensor_parallel_size: 3}}}", "split evenly over nnodes"),
         ("orchestrator: {services_timeout_s: 0}", "services_timeout_s"),
         ("launcher: slurm", "launcher"),
@@ -255,3 +254,20 @@ redis: {{url: 'redis://127.0.0.1:1/0'}}
     assert result.exit_code == 75, said
     assert "rollout server at 127.0.0.1:1 is not serving after 1s (UNAVAILABLE)" in said
     assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("service", [["rollout"], ["rollout-worker", "--node-rank", "1"]])
+def test_a_node_of_a_multi_node_replica_started_alone_needs_node_0s_port(tmp_path, service):
+    """Node 1 finds node 0 at its fixed port: port 0 (any free one) is refused by both
+    serve commands before anything starts. (`specrl run` with launcher ray picks it.)"""
+    from typer.testing import CliRunner
+
+    from specrl.cli import app
+
+    config = _write(tmp_path, "port: 0\nengine: {nnodes: 2, tensor_parallel_size: 2}")
+    result = CliRunner().invoke(app, ["serve", *service, "--config", str(config)])
+    assert result.exit_code == 2 and "needs a fixed port" in " ".join(result.output.split()), result.output
+    server = {"port": 0, "engine": {"nnodes": 2, "tensor_parallel_size": 2}}
+    assert (
+        RunConfig.model_validate({"launcher": "ray", "rollout": {"server": server}}).rollout.server.port == 0
+    )

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -92,16 +93,22 @@ def bundle(cpus: float, gpus: int) -> dict[str, float]:
 
 
 def gpus_of(cfg: RunConfig, service: str) -> int:
-    """GPUs one process of `service` holds on Ray: a rollout replica its engine's
-    tensor_parallel_size, a trainer rank or the draft-trainer one; none without ray.gpus."""
+    """GPUs one process of `service` holds on Ray: a rollout replica's node its share of
+    the engine's tensor_parallel_size (all of it on one node), a trainer rank or the
+    draft-trainer one; none without ray.gpus."""
     if not cfg.ray.gpus:
         return 0
-    return cfg.rollout.server.engine.tensor_parallel_size if service == "rollout" else 1
+    engine = cfg.rollout.server.engine
+    return engine.tensor_parallel_size // engine.nnodes if service in ("rollout", "rollout-worker") else 1
 
 
 def replica_group(cfg: RunConfig) -> tuple[list[dict[str, float]], str]:
-    """One rollout replica's placement group: its GPUs in one bundle, so on one node."""
-    return [bundle(cfg.ray.cpus_per_process, gpus_of(cfg, "rollout"))], "STRICT_PACK"
+    """One rollout replica's placement group: its GPUs in one bundle, so on one node; a
+    replica spanning engine.nnodes nodes one bundle per node (RayReplica), packed as
+    closely as Ray can (one bundle per machine when a bundle is a machine's GPUs)."""
+    nnodes = cfg.rollout.server.engine.nnodes
+    node = bundle(cfg.ray.cpus_per_process, gpus_of(cfg, "rollout"))
+    return [node] * nnodes, "STRICT_PACK" if nnodes == 1 else "PACK"
 
 
 def placement_plan(cfg: RunConfig) -> tuple[dict[str, list[dict[str, float]]], dict[str, str]]:
@@ -259,8 +266,9 @@ class RayService:
         self.wait_ready = wait_ready
         self.actor: Any = None
         self.node: str | None = None
-        self.port: int | None = None
+        self.port: int | None = None  # kept over a restart: the address the run knows
         self._started: Any = None  # the last start call (its result: the port)
+        self._ready = False  # the last start's service serves
 
     @property
     def address(self) -> str:
@@ -292,6 +300,7 @@ class RayService:
         if self.actor is None or self.exit_code() is not None:
             self.kill()
             self.place()
+        self._ready = False
         self._started = self.actor.start.remote(self.cfg, self.service, self.env, self.wait_ready)
         if wait:
             self.wait()
@@ -306,21 +315,29 @@ class RayService:
         if port is not None:  # a restart binds the address the run knows the service by
             self.port = port
             self.cfg = self.cfg.model_copy(update={"port": port})
+        self._ready = True
         return self
 
     def started(self) -> bool:
-        """Whether the service serves, without waiting (a start still placing its actor or
-        loading its model is not); a start that failed is False, and `exit_code` says so."""
-        if self.port is not None or self._started is None:
-            return self.port is not None
+        """Whether the last start's service serves, without waiting (a start still placing
+        its actor or loading its model is not, nor one started again on the address of
+        the last); a start that failed is False, and `failed` says why."""
+        if not self._ready:
+            self.failed()  # a start that has finished sets _ready, or says why it failed
+        return self._ready
+
+    def failed(self) -> ServerDied | None:
+        """Why the last start failed, once it has (without waiting); None otherwise."""
+        if self._ready or self._started is None:
+            return None
         ready, _ = self.groups.ray.wait([self._started], timeout=0)
         if not ready:
-            return False
+            return None
         try:
             self.wait()
-        except ServerDied:
-            return False
-        return True
+        except ServerDied as e:
+            return e
+        return None
 
     def exit_code(self) -> int | None:
         """None while the service runs; its exit status, or -1 for an actor that died."""
@@ -354,6 +371,93 @@ class RayService:
             self.actor = None
 
 
+class RayReplica:
+    """A rollout replica whose engine spans engine.nnodes nodes, on Ray as on Kubernetes:
+    vLLM's multi-node executor (not its Ray executor), node 0 `specrl serve rollout` and
+    node i `specrl serve rollout-worker` (its rank in LWS_WORKER_INDEX, as a
+    LeaderWorkerSet's pods have it), each in bundle i of the replica's placement group.
+    The launcher picks node 0's gRPC and rendezvous ports on its node and gives every
+    node the same config. One unit, as a LeaderWorkerSet's group is: a node that dies
+    leaves the engine stuck in collectives, so a start stops every node and starts them
+    all (node 0 on the gRPC port the run knows the replica by)."""
+
+    def __init__(self, nodes: list[RayService]) -> None:
+        self.nodes = nodes
+        self.groups, self.group = nodes[0].groups, nodes[0].group  # the replica's own
+        self.env: dict[str, str] = {}
+        self.wait_ready = True
+
+    @property
+    def cfg(self) -> BaseModel:
+        return self.nodes[0].cfg
+
+    @cfg.setter
+    def cfg(self, cfg: BaseModel) -> None:
+        for node in self.nodes:
+            node.cfg = cfg
+
+    @property
+    def port(self) -> int | None:
+        return self.nodes[0].port
+
+    @property
+    def address(self) -> str:
+        return self.nodes[0].address
+
+    def start(self, *, wait: bool = True) -> RayReplica:
+        leader = self.nodes[0]
+        for node in self.nodes:
+            node.kill()
+        host = leader.place()
+        cfg: Any = self.cfg
+        port = cfg.port or leader.free_port()
+        rendezvous = leader.free_port()
+        while rendezvous == port:
+            rendezvous = leader.free_port()
+        engine = cfg.engine.model_copy(update={"master_addr": host, "master_port": rendezvous})
+        self.cfg = cfg.model_copy(update={"port": port, "engine": engine})
+        for node in self.nodes[1:]:
+            node.start(wait=False)
+        leader.start(wait=wait)
+        return self
+
+    def wait(self) -> RayReplica:
+        """Until node 0 serves; ServerDied as soon as any node exits first (node 0 would
+        wait for a dead node until its start timed out)."""
+        leader, *workers = self.nodes
+        while not leader.started():
+            for node in workers:
+                if (code := node.exit_code()) is not None:
+                    raise ServerDied(
+                        f"{node.name} on {node.node} exited with {code} before {leader.name} "
+                        f"served; log tail:\n{node.log_tail()}"
+                    )
+            if failure := leader.failed():
+                raise failure
+            time.sleep(0.5)
+        return self
+
+    def started(self) -> bool:
+        return self.nodes[0].started()
+
+    def exit_code(self) -> int | None:
+        """None while every node runs; else the first exited node's status."""
+        return next((c for c in (n.exit_code() for n in self.nodes) if c is not None), None)
+
+    def log_tail(self, lines: int = 40) -> str:
+        first, *others = self.nodes
+        exited = [n for n in others if n.exit_code() is not None]
+        return "\n".join(f"[{n.name}]\n{n.log_tail(lines)}" for n in [first, *exited])
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+
 def _cause(error: Exception) -> str:
     cause = getattr(error, "cause", None)
     return str(cause if cause is not None else error).strip().splitlines()[-1]
@@ -370,7 +474,7 @@ class RayFleet:
 
     spec = "ray"
 
-    def __init__(self, replicas: list, add: Callable[[], RayService], every_s: float) -> None:
+    def __init__(self, replicas: list, add: Callable[[], RayService | RayReplica], every_s: float) -> None:
         self.replicas, self._add, self.every_s = replicas, add, every_s
 
     def __str__(self) -> str:

@@ -13,7 +13,7 @@ import secrets
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -24,6 +24,7 @@ from specrl.orchestrator.discovery import Discovery, DiscoveryError, open_discov
 from specrl.orchestrator.ray_launcher import (
     PlacementGroups,
     RayFleet,
+    RayReplica,
     RayService,
     RayUnavailable,
     connect,
@@ -109,7 +110,7 @@ class System:
             self.redis = RedisServer(self.redis_dir, aof=cfg.redis.aof).start()
             self.redis_url = self.redis.url
         for i in range(cfg.rollout.replicas):
-            self.rollout.append(self._service(cfg.rollout.server, "rollout", f"rollout-{i}", f"rollout-{i}"))
+            self.rollout.append(self._replica(f"rollout-{i}"))
         if not cfg.trainer.address:
             self._trainer_ranks()
         try:
@@ -138,16 +139,29 @@ class System:
             cpus=self.cfg.ray.cpus_per_process, **kw,
         )  # fmt: skip
 
-    def _add_replica(self) -> RayService:
-        """One more rollout replica on Ray (RayFleet): a placement group and an actor of
+    def _replica(self, name: str) -> Service:
+        """A rollout replica: one server; on Ray one actor in placement group `name`, or
+        with engine.nnodes > 1 one per node, bundle i node i's (RayReplica)."""
+        server = self.cfg.rollout.server
+        if self.placement is None or server.engine.nnodes == 1:
+            return self._service(server, "rollout", name, name)
+        nodes = [
+            self._service(
+                server, "rollout-worker" if i else "rollout", f"{name}-node{i}", name, i,
+                env={"LWS_WORKER_INDEX": str(i)} if i else {}, wait_ready=not i,
+            )
+            for i in range(server.engine.nnodes)
+        ]  # fmt: skip
+        return RayReplica(cast(list[RayService], nodes))
+
+    def _add_replica(self) -> Service:
+        """One more rollout replica on Ray (RayFleet): a placement group and actors of
         its own, started without waiting."""
         assert self.placement is not None
         name = f"rollout-{self._replicas_made}"
         self._replicas_made += 1
         self.placement.add(name, *replica_group(self.cfg))
-        replica = self._service(self.cfg.rollout.server, "rollout", name, name)
-        assert isinstance(replica, RayService)
-        return replica.start(wait=False)
+        return self._replica(name).start(wait=False)
 
     def _trainer_ranks(self) -> None:
         """The trainer's tp x dp ranks (torchrun's environment), rank 0 the one that
