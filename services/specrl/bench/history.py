@@ -29,8 +29,8 @@ from specrl.bench.epochs import Cell, run_over_versions
 from specrl.bench.tasks import Task
 
 INIT = "eagle3-domain"
-# history's settings in this bench: its defaults (the hybrid takes history's draft where it
-# matches over 8 tokens and drafts 2 at least)
+# history's settings in this bench: its defaults (the hybrid chooses per request by measured
+# agreement and step times: rollout/hybrid.py)
 HYBRID = {"hybrid": True}
 
 TABLE_COLUMNS = (
