@@ -156,6 +156,9 @@ def serve_rollout_worker(
     node_rank: int = typer.Option(
         None, min=1, help="This node's rank in the engine (default: $LWS_WORKER_INDEX, a LeaderWorkerSet's)."
     ),
+    ready_file: Path = typer.Option(
+        None, help="Taken as every serve command takes it; a worker node serves nothing, so none is written."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run node N > 0 of a rollout replica whose engine spans machines

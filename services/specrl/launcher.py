@@ -142,7 +142,8 @@ class ServiceProcess:
             self.service,
             "--config",
             str(cfg_path),
-            *(["--ready-file", str(ready)] if self.wait_ready else []),  # one that serves
+            "--ready-file",
+            str(ready),
         ]
         # appended to: the log of a service started again keeps its previous life's
         log = open(self.log_path, "a")  # noqa: SIM115 (owned by the child for its lifetime)
