@@ -495,4 +495,4 @@ class RayFleet:
             gone.groups.remove_group(gone.group)
 
     def close(self) -> None:
-        pass
+        """Nothing of its own to end (a Discovery's close): the replicas are System's to stop."""

@@ -11,9 +11,9 @@ verified draft's score is exact; the other's is at most one more, so a request m
 the other source only when that one agreed past where the verified draft was rejected,
 a little stickiness on the side of the source it has. So every step scores every draft a
 source made for it, chosen or not, and a request's next draft comes from the source
-whose recent drafts agreed most (SourceScores). Ties go to history, which costs no
-draft-model forwards when every request of a step takes it, once the draft model has
-been measured on the replica at all.
+whose recent drafts agreed most (SourceScores). Ties go to history, once the draft model
+has been measured on the replica at all; whether a step of history alone skips the draft
+model's positions is a question of tokens per second (StepCosts).
 
 A request starts from the replica's running scores: a new request on a prompt whose
 history drafts well starts trusting history, and a weak draft model is left behind after
