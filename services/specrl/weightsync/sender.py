@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
@@ -85,6 +85,17 @@ def _describe(e: Exception) -> str:
     if isinstance(e, grpc.RpcError):
         return f"{e.code().name}: {e.details()}"
     return f"{type(e).__name__}: {e}"
+
+
+def _failed_joins(futures: dict[str, Future]) -> dict[str, str]:
+    """The members whose JoinWeightGroup call failed, with why (waits for every call)."""
+    failed = {}
+    for address, f in futures.items():
+        try:
+            f.result()
+        except grpc.RpcError as e:
+            failed[address] = f"could not join: {_describe(e)}"
+    return failed
 
 
 class WeightSender:
@@ -462,15 +473,13 @@ class WeightSender:
                 timeout_s=self.cfg.timeout_s,
             )
         except Exception as e:
-            failed = {}
-            for address, f in futures.items():
-                try:
-                    f.result()
-                except grpc.RpcError as rpc_error:
-                    failed[address] = f"could not join: {_describe(rpc_error)}"
+            failed = _failed_joins(futures)
             raise _MembersFailed(failed or {a: f"group formation failed: {e}" for a in futures}) from None
-        for f in futures.values():
-            f.result()
+        if failed := _failed_joins(futures):
+            # formed, but a member went away before its join returned (a replica killed
+            # as the group formed): the group is broken for every later collective
+            group.close()
+            raise _MembersFailed(failed)
         self._group, self._group_members = group, addresses
         if self.metrics:
             self.metrics.epoch.labels(kind=self.kind).set(epoch)
