@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,8 +25,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 
 GENERIC_MEASURED = 1.45  # the generic-init draft, rounded up (see above)
 # a fresh 32-token draft, 100 steps (measured: estimate 3.23, engine 2.59; the full-vocabulary
-# draft from the generic one above 2.62): a wrong d2t in vLLM would accept next to nothing
-DRAFT_VOCAB_ESTIMATE, DRAFT_VOCAB_MEASURED = 2.5, 2.0
+# draft from the generic one above 2.62)
+DRAFT_VOCAB_ESTIMATE = 2.5
 
 
 def _measured_acceptance(servers, draft: str) -> float:
@@ -45,14 +46,35 @@ def _measured_acceptance(servers, draft: str) -> float:
     return 1 + sum(s.acceptance.accepted_tokens for s in resp.samples) / drafts
 
 
-def test_draft_init_from_the_generic_draft_on_task_rollouts(zoo, servers, tmp_path):
-    out = tmp_path / "draft"
-    target = servers.get(server_config())  # the target's rollouts, sampled without speculation
-    cmd = [sys.executable, "-m", "specrl.cli", "draft", "init", "--target", "zoo:target", "--out", str(out)]
-    cmd += ["--from", "zoo:eagle3-generic", "--prompts", "160", "--steps", "100", "--server", target.address]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+# the two inits below: (--from, extra options), each sampling the target's task rollouts
+INITS = {
+    "from-generic": ["--from", "zoo:eagle3-generic"],
+    "small-vocabulary": ["--set", "draft_vocab_size=32"],
+}
+
+
+@pytest.fixture(scope="module")
+def inits(zoo, servers, tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Both inits' outputs, run against one target server (sampling without speculation)
+    before either draft is measured: one server start fewer than an init per test."""
+    target = servers.get(server_config())
+    out = {}
+    for name, extra in INITS.items():
+        path = tmp_path_factory.mktemp("draft-init") / name
+        cmd = [sys.executable, "-m", "specrl.cli", "draft", "init", "--target", "zoo:target"]
+        cmd += ["--out", str(path), "--prompts", "160", "--steps", "100", "--server", target.address, *extra]
+        out[name] = path, subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return out
+
+
+def _init(inits, name: str) -> tuple[Path, dict]:
+    path, done = inits[name]
     assert done.returncode == 0, done.stdout + done.stderr
-    record = json.loads((out / "draft_init.json").read_text())
+    return path, json.loads((path / "draft_init.json").read_text())
+
+
+def test_draft_init_from_the_generic_draft_on_task_rollouts(inits, servers):
+    out, record = _init(inits, "from-generic")
     before, after = record["acceptance_estimate_before"], record["acceptance_estimate_after"]
     assert record["rollouts"] == 160 and record["heldout_rollouts"] == 64
     assert after > before + 1.0, record
@@ -62,23 +84,18 @@ def test_draft_init_from_the_generic_draft_on_task_rollouts(zoo, servers, tmp_pa
     assert measured > GENERIC_MEASURED + 0.6
 
 
-def test_a_fresh_draft_over_a_smaller_vocabulary_loads_in_vllm_and_accepts(zoo, servers, tmp_path):
+def test_a_fresh_draft_over_a_smaller_vocabulary_is_written_with_its_vocabulary_map(inits):
     """`draft_vocab_size`: a fresh head proposing only the 32 target tokens most frequent
-    in the rollouts (of the zoo's 128), written with EAGLE-3's d2t / t2d. vLLM maps its
-    proposals back to target ids through d2t; a wrong map would propose wrong tokens and
-    accept almost nothing."""
-    out = tmp_path / "draft"
-    target = servers.get(server_config())
-    cmd = [sys.executable, "-m", "specrl.cli", "draft", "init", "--target", "zoo:target", "--out", str(out)]
-    cmd += ["--prompts", "160", "--steps", "100", "--server", target.address, "--set", "draft_vocab_size=32"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    record = json.loads((out / "draft_init.json").read_text())
+    in the rollouts (of the zoo's 128), written with EAGLE-3's d2t / t2d, which accepts
+    well on held-out rollouts. That vLLM maps its proposals back to target ids through d2t
+    (a wrong map would propose wrong tokens and accept almost nothing) is measured in the
+    engine by test_draft_trainer.py, which serves a draft made the same way (fewer steps)
+    and adapts it online: with a wrong map its acceptance could not rise."""
+    out, record = _init(inits, "small-vocabulary")
     assert record["draft_vocab_size"] == 32
     assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 32
-    estimate, measured = record["acceptance_estimate_after"], _measured_acceptance(servers, str(out))
-    print(f"held-out estimate {estimate:.2f}; engine-measured acceptance {measured:.2f}")
-    assert estimate > DRAFT_VOCAB_ESTIMATE and measured > DRAFT_VOCAB_MEASURED
+    print(f"held-out estimate {record['acceptance_estimate_after']:.2f}")
+    assert record["acceptance_estimate_after"] > DRAFT_VOCAB_ESTIMATE
 
 
 def test_bad_draft_init_input_is_refused_before_any_work(zoo, tmp_path):

@@ -41,7 +41,7 @@ def test_a_gsm8k_format_file_of_the_zoo_task_trains_as_the_task_source_does(zoo,
     problems = list(task.take(32, seed=0, split="train", **task_kwargs(ZooSpec())))
     configs = {}
     for name in ("task", "gsm8k"):
-        cfg = tiny_run_config(tmp_path, steps=6)
+        cfg = tiny_run_config(tmp_path, steps=3)
         cfg["name"] = name
         cfg["data"] |= {"prompts_per_step": 8, "task_prompts": 32}
         cfg["sampling"]["n"] = 8
@@ -74,8 +74,8 @@ def test_a_gsm8k_format_file_of_the_zoo_task_trains_as_the_task_source_does(zoo,
 
 def test_a_run_on_answers_it_cannot_read_refuses_to_start(zoo, servers, tmp_path):
     """The same GSM8K-format file with its answers taken whole (`answer_format: plain`, the
-    old behaviour): `specrl run` checks the data before its first step and refuses, with
-    the data check's message, instead of training on all-zero rewards."""
+    old behaviour): `specrl run` checks the data before it starts a service and refuses,
+    with the data check's message, instead of training on all-zero rewards."""
     from specrl.data.sources import DataError
 
     servers.close()
@@ -90,3 +90,5 @@ def test_a_run_on_answers_it_cannot_read_refuses_to_start(zoo, servers, tmp_path
     with pytest.raises(DataError, match="only 0 of 32 references score full reward"):
         run(RunConfig.model_validate(cfg), console=Console(quiet=True), metrics=False)
     assert not (tmp_path / "t" / "steps.jsonl").exists()
+    # refused before any service started (an engine start is minutes on a cluster)
+    assert not (tmp_path / "t" / "logs").exists() and not (tmp_path / "t" / "redis").exists()

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specrl.config import ZOO_SCHEME, CompareRun, RunConfig, resolve_model_path
-from specrl.data.check import STARTUP_ROWS, check_data
+from specrl.data.check import STARTUP_ROWS, check_data, policy_tokenizer
 from specrl.data.rewards import load_reward
 from specrl.data.sources import DataError, PromptSource
 from specrl.draft.api import DraftTrainerClient
@@ -191,6 +191,7 @@ def _run(
     ]
     if unbuilt:
         raise StartupError(f"{', '.join(unbuilt)}: the zoo is not built here (`specrl zoo build`)")
+    checked = _check_data_here(cfg, console)
     with console.status("starting services (Redis, rollout replicas, trainer, draft-trainer)"):
         system = System(cfg, run_dir).start()
     try:
@@ -199,7 +200,7 @@ def _run(
             f"[green]services up[/green]: rollout {system.replicas}, trainer {system.trainer_address}"
             f"{draft_trainer}, redis {system.redis_url}"
         )
-        return _loop(cfg, system, run_dir, console, registry, fresh=fresh, resume=resume)
+        return _loop(cfg, system, run_dir, console, registry, fresh=fresh, resume=resume, checked=checked)
     except INTERRUPTIONS as e:
         if isinstance(e, grpc.RpcError):
             what = f"{e.code().name}: {e.details()}"
@@ -217,6 +218,28 @@ def _run(
             system.stop()
 
 
+def _check_data(cfg: RunConfig, tok, reward_fn, max_prompt_tokens: int, console: Console) -> None:
+    """The data read as `specrl data check` reads it: a format not understood stops the run
+    before its first step, not after GPU hours of zero-variance groups."""
+    report = check_data(cfg.data, tok, reward_fn, max_prompt_tokens=max_prompt_tokens, rows=STARTUP_ROWS)
+    console.print(report.summary())
+    if report.problem:
+        raise DataError(f"{report.problem} (`specrl data check --config ...` shows the rows)")
+
+
+def _check_data_here(cfg: RunConfig, console: Console) -> bool:
+    """Check the data before any service starts (on a cluster, minutes of engine start)
+    when this process knows what the services will: the policy's tokenizer (a trainer
+    started here) and the served context (replicas started here, at engine.max_model_len).
+    Returns whether it checked; if not, the loop checks once the services answer."""
+    if cfg.trainer.address or cfg.rollout.elsewhere:
+        return False
+    tok = policy_tokenizer(cfg.trainer.server.trainer.model)
+    max_prompt_tokens = cfg.rollout.server.engine.max_model_len - cfg.sampling.max_tokens
+    _check_data(cfg, tok, load_reward(cfg.reward.fn), max_prompt_tokens, console)
+    return True
+
+
 def _loop(
     cfg: RunConfig,
     system: System,
@@ -226,6 +249,7 @@ def _loop(
     *,
     fresh: bool,
     resume: bool,
+    checked: bool,
 ) -> tuple[list[dict], str]:
     from transformers import AutoTokenizer
 
@@ -243,12 +267,8 @@ def _loop(
     tok = AutoTokenizer.from_pretrained(status.model)
     reward_fn = load_reward(cfg.reward.fn)
     max_prompt_tokens = max_model_len - cfg.sampling.max_tokens
-    # the data read as `specrl data check` reads it: a format not understood stops the run
-    # here, not after GPU hours of zero-variance groups
-    report = check_data(cfg.data, tok, reward_fn, max_prompt_tokens=max_prompt_tokens, rows=STARTUP_ROWS)
-    console.print(report.summary())
-    if report.problem:
-        raise DataError(f"{report.problem} (`specrl data check --config ...` shows the rows)")
+    if not checked:  # the policy or its served context is known only from the services
+        _check_data(cfg, tok, reward_fn, max_prompt_tokens, console)
     earlier: list[dict] = []
     begun = streams.exists() or (run_dir / "steps.jsonl").exists()
     if resume and version == 0 and not begun:
