@@ -544,6 +544,7 @@ def bench_staleness(
     concurrency: str = typer.Option("4", help="Comma-separated sequences in flight."),
     rounds: int = typer.Option(2, min=1, help="Counted rounds per measurement (after one warm-up round)."),
     tasks: str = TASKS_OPTION,
+    lr: float = typer.Option(1e-4, min=0, help="Policy learning rate in the RL segments (how fast it moves)"),
 ) -> None:
     """Frozen EAGLE-3 draft and frozen history against the policy as RL moves it, beside
     the draft adapted online and history renewed: acceptance and speedup vs policy steps."""
@@ -557,6 +558,7 @@ def bench_staleness(
         concurrency=[int(c) for c in concurrency.split(",")],
         tasks=_tasks(tasks),
         rounds=rounds,
+        lr=lr,
         console=console,
     )
 

@@ -69,3 +69,19 @@ def test_a_continued_rl_run_draws_training_batches_of_its_own(tmp_path):
         for s in (0, 1, 2)
     }
     assert seeds == {0, 1, 2}
+
+
+def test_policy_drift_is_the_relative_distance_of_the_weights(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    for name, scale in (("a", 1.0), ("b", 1.1)):
+        (tmp_path / name).mkdir()
+        weights = {"w": torch.full((4,), 3.0 * scale), "v": torch.full((2,), 4.0 * scale)}
+        save_file(weights, str(tmp_path / name / "model.safetensors"))
+    assert staleness.policy_drift(str(tmp_path / "a"), str(tmp_path / "b")) == pytest.approx(0.1)
+    assert staleness.policy_drift(str(tmp_path / "a"), str(tmp_path / "a")) == 0.0
+    (tmp_path / "c").mkdir()
+    save_file({"other": torch.ones(2)}, str(tmp_path / "c" / "model.safetensors"))
+    with pytest.raises(ValueError, match="share no weight names"):
+        staleness.policy_drift(str(tmp_path / "a"), str(tmp_path / "c"))

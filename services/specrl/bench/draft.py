@@ -70,10 +70,12 @@ def rl_run_config(
     adapt: bool = True,
     name: str = "",
     data_seed: int = 0,
+    lr: float = 1e-4,
 ) -> RunConfig:
     """A short sync RL run of `policy` (default: the task's zoo target) with EAGLE-3 from
     `draft` (default: the zoo's `init` head), adapted online (`adapt`) or frozen, on the
-    training batches `data_seed` draws (a run that continues another draws new ones)."""
+    training batches `data_seed` draws (a run that continues another draws new ones), at
+    the policy learning rate `lr`."""
     policy = policy or f"zoo:{task.zoo}target"
     return RunConfig.model_validate(
         {
@@ -105,7 +107,7 @@ def rl_run_config(
                     "trainer": {
                         "model": policy,
                         "micro_batch_size": 16,
-                        "optim": {"lr": 1e-4},
+                        "optim": {"lr": lr},
                         "capture": {"enabled": True},
                     },
                 }

@@ -10,18 +10,25 @@ measured together (bench/epochs.py): AR; EAGLE-3 with the draft frozen at step 0
 the draft adapted up to that step; the history drafter carried the responses written at
 step 0 (history frozen: ever older) and those of the previous measurement (history
 renewed, as RL renews it each epoch). The curve of acceptance length and speedup over AR
-against policy steps says whether a draft is worth keeping, adapting or renewing.
+against policy steps says whether a draft is worth keeping, adapting or renewing. How far
+the policy has moved is recorded beside it (meta.policy: per measured step, the relative
+distance of its weights from step 0's and the mean training reward of the segment that
+ended there), since a flat curve means nothing for a policy that did not move; `lr` sets
+how fast it moves.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from rich.console import Console
+from safetensors.torch import load_file
 
 from specrl.bench.draft import rl_run_config
 from specrl.bench.epochs import Cell, run_over_versions
 from specrl.bench.tasks import Task
+from specrl.config import resolve_model_path
 
 INIT = "eagle3-domain"
 
@@ -47,6 +54,25 @@ def cells(frozen: str, adapted: str) -> list[Cell]:
     ]
 
 
+def _weights(model: str) -> dict[str, torch.Tensor]:
+    files = sorted(Path(resolve_model_path(model)).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model}: no safetensors weights")
+    return {name: t for f in files for name, t in load_file(str(f)).items()}
+
+
+def policy_drift(start: str, now: str) -> float:
+    """||w_now - w_start|| / ||w_start|| over the weights both hold: how far RL has moved
+    the policy from `start` (model paths or zoo names)."""
+    a, b = _weights(start), _weights(now)
+    common = sorted(set(a) & set(b))
+    if not common:
+        raise ValueError(f"{start} and {now} share no weight names: not the same model")
+    diff = sum(float((b[n].double() - a[n].double()).pow(2).sum()) for n in common)
+    base = sum(float(a[n].double().pow(2).sum()) for n in common)
+    return (diff / base) ** 0.5
+
+
 def run_staleness_bench(
     out: Path,
     *,
@@ -56,16 +82,22 @@ def run_staleness_bench(
     concurrency: list[int],
     tasks: list[str] | None = None,
     rounds: int = 2,
+    lr: float = 1e-4,
     console: Console | None = None,
 ) -> list[dict]:
-    """`tasks`: names in TASKS (default: all), measured in that order."""
+    """`tasks`: names in TASKS (default: all), measured in that order; `lr`: the policy's
+    learning rate in the RL segments."""
     from specrl.orchestrator.run import run
 
     console = console or Console(stderr=True)
     state: dict[str, tuple[str, str]] = {}  # per task: the policy and adapted draft so far
+    # per task and policy step, written with the rows: how far the weights moved, and the
+    # mean training reward of the segment that ended there
+    policy: dict[str, dict[int, dict[str, float]]] = {}
 
     def advance(task: Task, segment: int, tmp: Path) -> tuple[int, str, list[Cell]]:
         frozen, step = f"zoo:{task.zoo}{INIT}", segment * steps
+        moved: dict[str, float] = {}
         if not segment:
             state[task.name] = (f"zoo:{task.zoo}target", frozen)
         else:
@@ -80,13 +112,18 @@ def run_staleness_bench(
                 draft=adapted,
                 name=f"{task.name}-s{step}",
                 data_seed=segment,  # each segment trains on batches of its own
+                lr=lr,
             )
             result = run(cfg, console=console, metrics=False)
+            moved["reward"] = round(sum(r["reward_mean"] for r in result.records) / len(result.records), 4)
             if (result.run_dir / "draft" / "config.json").is_file():  # else every candidate held back
                 adapted = str(result.run_dir / "draft")
             state[task.name] = (str(Path(result.checkpoint) / "hf"), adapted)
-        policy, adapted = state[task.name]
-        return step, policy, cells(frozen, adapted)
+        served, adapted = state[task.name]
+        moved["drift"] = round(policy_drift(f"zoo:{task.zoo}target", served), 5)
+        policy.setdefault(task.name, {})[step] = moved
+        console.print(f"[bold]{task.name}[/bold]: step {step}: weights {moved['drift']:.2%} from step 0's")
+        return step, served, cells(frozen, adapted)
 
     return run_over_versions(
         out,
@@ -94,7 +131,7 @@ def run_staleness_bench(
         versions=segments + 1,
         keys=("draft", "step"),
         columns=TABLE_COLUMNS,
-        meta={"rl_steps_per_segment": steps},
+        meta={"rl_steps_per_segment": steps, "lr": lr, "policy": policy},
         k=k,
         concurrency=concurrency,
         tasks=tasks,
