@@ -93,7 +93,7 @@ def run_staleness_bench(
     state: dict[str, tuple[str, str]] = {}  # per task: the policy and adapted draft so far
     # per task and policy step, written with the rows: how far the weights moved, and the
     # mean training reward of the segment that ended there
-    policy: dict[str, dict[int, dict[str, float]]] = {}
+    motion: dict[str, dict[int, dict[str, float]]] = {}
 
     def advance(task: Task, segment: int, tmp: Path) -> tuple[int, str, list[Cell]]:
         frozen, step = f"zoo:{task.zoo}{INIT}", segment * steps
@@ -121,7 +121,7 @@ def run_staleness_bench(
             state[task.name] = (str(Path(result.checkpoint) / "hf"), adapted)
         served, adapted = state[task.name]
         moved["drift"] = round(policy_drift(f"zoo:{task.zoo}target", served), 5)
-        policy.setdefault(task.name, {})[step] = moved
+        motion.setdefault(task.name, {})[step] = moved
         console.print(f"[bold]{task.name}[/bold]: step {step}: weights {moved['drift']:.2%} from step 0's")
         return step, served, cells(frozen, adapted)
 
@@ -131,7 +131,7 @@ def run_staleness_bench(
         versions=segments + 1,
         keys=("draft", "step"),
         columns=TABLE_COLUMNS,
-        meta={"rl_steps_per_segment": steps, "lr": lr, "policy": policy},
+        meta={"rl_steps_per_segment": steps, "lr": lr, "policy": motion},
         k=k,
         concurrency=concurrency,
         tasks=tasks,
