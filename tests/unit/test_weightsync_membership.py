@@ -18,9 +18,9 @@ import torch
 from specrl.config import WeightSenderConfig
 from specrl.v1 import rollout_pb2 as pb
 from specrl.v1 import rollout_pb2_grpc as pb_grpc
-from specrl.weightsync.group import JoinInfo, WeightGroup
+from specrl.weightsync.group import WeightGroup
 from specrl.weightsync.sender import WeightSender, WeightSyncError
-from specrl.weightsync.wire import kind_from_proto
+from specrl.weightsync.wire import join_info_from_proto
 
 
 class DiesAsItJoins(pb_grpc.RolloutServiceServicer):
@@ -35,17 +35,7 @@ class DiesAsItJoins(pb_grpc.RolloutServiceServicer):
         return pb.RolloutStatus(weight_sync_workers=1, weight_sync=idle)
 
     def JoinWeightGroup(self, request, context):
-        info = JoinInfo(
-            kind=kind_from_proto(request.kind),
-            host=request.store_host,
-            port=request.store_port,
-            epoch=request.epoch,
-            rank_offset=request.rank_offset,
-            world_size=request.world_size,
-            backend=request.backend,
-            timeout_s=request.timeout_s,
-        )
-        self.groups.append(WeightGroup.join(info, local_rank=0))
+        self.groups.append(WeightGroup.join(join_info_from_proto(request), local_rank=0))
         context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in: the replica went away as it joined")
 
 

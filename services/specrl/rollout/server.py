@@ -20,9 +20,8 @@ from specrl.rollout.validation import Limits, RequestError, parse_request
 from specrl.rollout.weights import WeightUpdateError
 from specrl.v1 import rollout_pb2 as pb
 from specrl.v1 import rollout_pb2_grpc as pb_grpc
-from specrl.weightsync.group import JoinInfo
 from specrl.weightsync.manifest import ManifestError
-from specrl.weightsync.wire import kind_from_proto, manifest_from_proto
+from specrl.weightsync.wire import join_info_from_proto, kind_from_proto, manifest_from_proto
 
 log = logging.getLogger("specrl.rollout.server")
 
@@ -190,17 +189,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         ranks: list[int] = []
 
         async def call() -> None:
-            info = JoinInfo(
-                kind=kind_from_proto(request.kind),
-                host=request.store_host,
-                port=request.store_port,
-                epoch=request.epoch,
-                rank_offset=request.rank_offset,
-                world_size=request.world_size,
-                backend=request.backend,
-                timeout_s=request.timeout_s or 60.0,
-            )
-            ranks.extend(await self.service.weights.join(info))
+            ranks.extend(await self.service.weights.join(join_info_from_proto(request)))
 
         await self._weight_call(context, call)
         return pb.JoinWeightGroupResponse(ranks=ranks)
