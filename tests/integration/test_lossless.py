@@ -43,7 +43,7 @@ LOGPROB_ATOL = 1e-3  # float32 engine vs float32 HF: different kernels, same mat
 # at k = 1 proved the same path again (retired to pay for newer tests). Plain AR sampling
 # needs no cell of its own: a speculative cell passes only if the engine's sampling as a
 # whole (temperature, top-p, processed logprobs) follows the exact target distribution.
-# Each cell costs ~50-65 s of the suite's 30-minute budget (a server start and 3 x N
+# Each cell costs ~45-65 s of the suite's 30-minute budget (a server start and 3 x N
 # samples). EAGLE-3 last: the logprob test below reuses its server.
 # n-gram matches single tokens here: the probe prompt has no repeated two-token suffix
 # (stats/lossless.py PROBE_PROMPT).

@@ -191,7 +191,7 @@ def _run(
     ]
     if unbuilt:
         raise StartupError(f"{', '.join(unbuilt)}: the zoo is not built here (`specrl zoo build`)")
-    checked = _check_data_here(cfg, console)
+    checked = _check_data_here(cfg, console)  # its tokenizer, or None
     with console.status("starting services (Redis, rollout replicas, trainer, draft-trainer)"):
         system = System(cfg, run_dir).start()
     try:
@@ -200,7 +200,9 @@ def _run(
             f"[green]services up[/green]: rollout {system.replicas}, trainer {system.trainer_address}"
             f"{draft_trainer}, redis {system.redis_url}"
         )
-        return _loop(cfg, system, run_dir, console, registry, fresh=fresh, resume=resume, checked=checked)
+        return _loop(
+            cfg, system, run_dir, console, registry, fresh=fresh, resume=resume, checked_with=checked
+        )
     except INTERRUPTIONS as e:
         if isinstance(e, grpc.RpcError):
             what = f"{e.code().name}: {e.details()}"
@@ -227,17 +229,18 @@ def _check_data(cfg: RunConfig, tok, reward_fn, max_prompt_tokens: int, console:
         raise DataError(f"{report.problem} (`specrl data check --config ...` shows the rows)")
 
 
-def _check_data_here(cfg: RunConfig, console: Console) -> bool:
+def _check_data_here(cfg: RunConfig, console: Console):
     """Check the data before any service starts (on a cluster, minutes of engine start)
     when this process knows what the services will: the policy's tokenizer (a trainer
     started here) and the served context (replicas started here, at engine.max_model_len).
-    Returns whether it checked; if not, the loop checks once the services answer."""
+    Returns the tokenizer it checked with (the loop's), or None: the loop then checks once
+    the services answer."""
     if cfg.trainer.address or cfg.rollout.elsewhere:
-        return False
+        return None
     tok = policy_tokenizer(cfg.trainer.server.trainer.model)
     max_prompt_tokens = cfg.rollout.server.engine.max_model_len - cfg.sampling.max_tokens
     _check_data(cfg, tok, load_reward(cfg.reward.fn), max_prompt_tokens, console)
-    return True
+    return tok
 
 
 def _loop(
@@ -249,7 +252,7 @@ def _loop(
     *,
     fresh: bool,
     resume: bool,
-    checked: bool,
+    checked_with=None,
 ) -> tuple[list[dict], str]:
     from transformers import AutoTokenizer
 
@@ -264,10 +267,12 @@ def _loop(
     with TrainerClient(system.trainer_address) as t:
         status = t.status()
         version = _restore(t, run_dir / "checkpoint", status.step, console) if resume else status.step
-    tok = AutoTokenizer.from_pretrained(status.model)
     reward_fn = load_reward(cfg.reward.fn)
     max_prompt_tokens = max_model_len - cfg.sampling.max_tokens
-    if not checked:  # the policy or its served context is known only from the services
+    if checked_with is not None:  # before the services started, with the policy's tokenizer
+        tok = checked_with
+    else:  # the policy or its served context is known only from the services
+        tok = AutoTokenizer.from_pretrained(status.model)
         _check_data(cfg, tok, reward_fn, max_prompt_tokens, console)
     earlier: list[dict] = []
     begun = streams.exists() or (run_dir / "steps.jsonl").exists()
