@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from specrl import shutdown
 from specrl.config import (
     ConfigError,
     DraftInitConfig,
@@ -147,7 +148,7 @@ def serve_rollout(
         code = asyncio.run(serve(cfg, ready_file=str(ready_file) if ready_file else None))
     except UnsupportedEngine as e:
         _fail(str(e))
-    raise typer.Exit(code)
+    shutdown.exit_now(code)  # its weight receiver ran gloo collectives (exit_now: why)
 
 
 @serve_app.command("rollout-worker")
@@ -226,7 +227,7 @@ def serve_draft_trainer(
         code = serve(cfg, ready_file=str(ready_file) if ready_file else None)
     except DraftConfigError as e:
         _fail(str(e))
-    raise typer.Exit(code)
+    shutdown.exit_now(code)  # its weight sender ran gloo collectives (exit_now: why)
 
 
 def _overrides(items: list[str]) -> dict:
