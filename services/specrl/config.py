@@ -813,6 +813,15 @@ _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DISCOVER_PATTERN = rf"^(k8s:{_DNS_LABEL}/[a-z0-9]([-a-z0-9.]*[a-z0-9])?:\d+|dns:.+:\d+|file:.+)$"
 
 
+def _free_port_unless_given(server: object) -> object:
+    """A service `specrl run` starts binds a free port unless its `server` section names
+    one: the servers' own defaults (50051, 50061, 50071) are for a server started alone,
+    and replicas started side by side would all ask for the same one."""
+    if isinstance(server, dict) and "port" not in server:
+        return {**server, "port": 0}
+    return server
+
+
 class RolloutFleetConfig(StrictModel):
     """The rollout replicas: started by `specrl run` from `server`, already running at
     `addresses`, or found while the run goes on by `discover` (one of the three)."""
@@ -833,6 +842,7 @@ class RolloutFleetConfig(StrictModel):
     # With `discover`: how long the run waits at start for a first replica that serves.
     discover_timeout_s: float = Field(600.0, gt=0)
     server: RolloutServerConfig = RolloutServerConfig(port=0)
+    _server_port = field_validator("server", mode="before")(_free_port_unless_given)
     # A replica started here that dies is started again on its address, up to this many
     # times each (the run goes on; the trainer catches it up to the current policy);
     # past that, or with 0, the run stops with its state kept (`specrl run --resume`).
@@ -869,6 +879,7 @@ class TrainerFleetConfig(StrictModel):
 
     address: str | None = None
     server: TrainerServerConfig = TrainerServerConfig(port=0)
+    _server_port = field_validator("server", mode="before")(_free_port_unless_given)
 
 
 class DraftTrainerFleetConfig(StrictModel):
@@ -878,6 +889,7 @@ class DraftTrainerFleetConfig(StrictModel):
     enabled: bool = False
     address: str | None = None
     server: DraftTrainerServerConfig = DraftTrainerServerConfig(port=0)
+    _server_port = field_validator("server", mode="before")(_free_port_unless_given)
 
 
 class RayLauncherConfig(StrictModel):
@@ -958,6 +970,12 @@ class RunConfig(StrictModel):
                 "rollout.server.engine.nnodes > 1: `specrl run` starts one-machine replicas here "
                 "(launcher: ray places multi-node ones); start a multi-node replica with `specrl "
                 "serve rollout` and `rollout-worker` and give its address"
+            )
+        if self.launcher == "local" and self.rollout.replicas > 1 and self.rollout.server.port:
+            raise ValueError(
+                f"rollout.server.port ({self.rollout.server.port}): the {self.rollout.replicas} "
+                "replicas started on this machine cannot share one port; leave port out (each "
+                "takes a free one)"
             )
         if local_rollout and self.sampling.max_tokens >= engine.max_model_len:
             raise ValueError(

@@ -22,6 +22,11 @@ OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
+# Servers only: a port another server holds is an error, not a second listener. gRPC's
+# default on Linux (SO_REUSEPORT) lets a second server bind it, and the kernel then splits
+# connections between the two: two replicas started on one port would take each other's
+# requests and weight updates, a second run's trainer calls could reach the first's.
+SERVER_OPTIONS = [*OPTIONS, ("grpc.so_reuseport", 0)]
 TLS_ENV = ("SPECRL_TLS_CERT", "SPECRL_TLS_KEY", "SPECRL_TLS_CA")
 SERVER_NAME_ENV = "SPECRL_TLS_SERVER_NAME"
 
@@ -68,11 +73,24 @@ def aio_channel(address: str) -> grpc.aio.Channel:
 
 
 def add_port(server: grpc.Server | grpc.aio.Server, address: str) -> int:
-    """Bind `server` (sync or asyncio) to `address`, requiring client certificates when
-    mutual TLS is configured; the bound port (0 when binding failed)."""
+    """Bind `server` (sync or asyncio, made with SERVER_OPTIONS) to `address`, requiring
+    client certificates when mutual TLS is configured; the bound port. OSError when the
+    address cannot be bound (gRPC says only that it failed)."""
     files = tls_files()
-    if files is None:
-        return server.add_insecure_port(address)
-    cert, key, ca = files
-    credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
-    return server.add_secure_port(address, credentials)
+    try:
+        if files is None:
+            port = server.add_insecure_port(address)
+        else:
+            cert, key, ca = files
+            credentials = grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=ca, require_client_auth=True
+            )
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:
+        port = 0
+    if not port:
+        raise OSError(
+            f"cannot listen on {address}: the port is taken (another server on this machine?) "
+            "or the host is not an address of this machine"
+        )
+    return port

@@ -27,7 +27,7 @@ def start(
     workers: int = 8,
 ) -> tuple[grpc.Server, int]:
     """Bind (port 0 picks a free one), start, mark SERVING; returns server and bound port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=grpc_options.OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=grpc_options.SERVER_OPTIONS)
     add_servicer(server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -45,15 +45,23 @@ def report_ready(ready_file: str | None, port: int) -> None:
             f.write(str(port))
 
 
-def wait_for_stop(server: grpc.Server) -> None:
-    """Block until SIGINT/SIGTERM, then stop `server` (the process exits within the
-    shutdown deadline whatever the caller's cleanup does)."""
+def stop_signals() -> list[int]:
+    """From now on SIGINT/SIGTERM are recorded in the returned list instead of ending the
+    process: a service calls this before it reports ready, so a stop asked the moment it
+    is up still takes the graceful path (`wait_for_stop`)."""
     # The handler takes no lock: one that does (Event.set) deadlocks when a second signal
     # interrupts the first handler inside it, holding that lock (a trainer hung that way
     # for good after its run was killed: SIGTERM twice in a row).
     asked: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _: asked.append(signum))
+    return asked
+
+
+def wait_for_stop(server: grpc.Server, asked: list[int]) -> None:
+    """Block until a stop signal is recorded in `asked` (`stop_signals`), then stop
+    `server` (the process exits within the shutdown deadline whatever the caller's
+    cleanup does)."""
     while not asked:
         time.sleep(STOP_POLL_S)
     shutdown.exit_after()

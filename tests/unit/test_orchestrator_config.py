@@ -40,6 +40,7 @@ def _write(tmp_path, text: str, name: str = "run.yaml"):
         ("orchestrator: {stale: importance}", "needs trainer.server.trainer.grpo.is_cap"),
         ("rollout: {server: {engine: {model: zoo:draft}}}", "must be the same policy"),
         ("sampling: {max_tokens: 600}", "leaves no room"),
+        ("rollout: {replicas: 2, server: {port: 50051}}", "cannot share one port"),
         ("rollout: {replicas: 1, addresses: ['a:1']}", "give one of"),
         ("data: {prompts_per_step: 3}\nsampling: {n: 3}\ntrainer: {server: {trainer: {dp: 2}}}",
          "must split across trainer dp"),
@@ -72,6 +73,21 @@ def _write(tmp_path, text: str, name: str = "run.yaml"):
 def test_bad_run_configs_name_the_field(tmp_path, yaml_text, message):
     with pytest.raises(ConfigError, match=message):
         load_config(_write(tmp_path, yaml_text), RunConfig)
+
+
+def test_services_started_here_take_free_ports_unless_their_section_names_one():
+    """The servers' own default ports are for a server started alone: two replicas (or a
+    second run's trainer) on one machine would ask for the same one."""
+    model = {"rollout": {"server": {"engine": {"model": "zoo:target"}}}}
+    sections = {
+        **model,
+        "trainer": {"server": {"trainer": {"model": "zoo:target"}}},
+        "draft_trainer": {"server": {"publish_every": 2}},
+    }
+    cfg = RunConfig.model_validate(sections)
+    assert (cfg.rollout.server.port, cfg.trainer.server.port, cfg.draft_trainer.server.port) == (0, 0, 0)
+    given = {"rollout": {"replicas": 1, "server": {**model["rollout"]["server"], "port": 50051}}}
+    assert RunConfig.model_validate(given).rollout.server.port == 50051
 
 
 def test_the_example_configs_validate():

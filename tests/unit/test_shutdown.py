@@ -30,8 +30,9 @@ from concurrent import futures
 from specrl import serving
 server = grpc.server(futures.ThreadPoolExecutor(1))
 server.start()
+asked = serving.stop_signals()
 print("ready", flush=True)
-serving.wait_for_stop(server)
+serving.wait_for_stop(server, asked)
 print("stopped", flush=True)
 """
 

@@ -48,8 +48,9 @@ def serve(cfg: DraftTrainerServerConfig, *, ready_file: str | None = None) -> in
         workers=4,
     )
     log.info("draft-trainer on %s:%d", cfg.host, port)
+    asked = serving.stop_signals()
     serving.report_ready(ready_file, port)
-    serving.wait_for_stop(server)
+    serving.wait_for_stop(server, asked)
     log.info("stopped serving")
     core.stop()
     return 0

@@ -227,13 +227,11 @@ async def create_server(
     service: RolloutService, address: str
 ) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
     """Bind (port 0 picks a free one) and start; returns server, bound port and health."""
-    server = grpc.aio.server(options=grpc_options.OPTIONS)
+    server = grpc.aio.server(options=grpc_options.SERVER_OPTIONS)
     pb_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(service), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = grpc_options.add_port(server, address)
-    if port == 0:
-        raise OSError(f"could not bind {address}")
     await server.start()
 
     def set_health(serving: bool) -> None:
@@ -270,13 +268,13 @@ async def serve(cfg: RolloutServerConfig, *, ready_file: str | None = None) -> i
             engine.info.k,
             "" if service.serving else f" NOT SERVING: {service.not_serving_reason}",
         )
-        if ready_file:
-            with open(ready_file, "w") as f:
-                f.write(str(port))
-        stop = asyncio.Event()
+        stop = asyncio.Event()  # set before ready: a stop asked at once still stops gracefully
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if ready_file:
+            with open(ready_file, "w") as f:
+                f.write(str(port))
         await stop.wait()
         log.info("shutting down")
         shutdown.exit_after()

@@ -173,8 +173,9 @@ def serve(cfg: TrainerServerConfig, *, ready_file: str | None = None) -> NoRetur
         cfg.trainer.tp,
         cfg.trainer.dp,
     )
+    asked = serving.stop_signals()
     serving.report_ready(ready_file, port)
-    serving.wait_for_stop(server)
+    serving.wait_for_stop(server, asked)
     log.info("stopped serving")
     core.stop()
     shutdown.exit_now(0)
