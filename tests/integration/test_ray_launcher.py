@@ -251,7 +251,12 @@ def test_rollout_actors_are_added_and_removed_as_the_autoscaler_asks(zoo, ray_he
     """RayFleet, what the run's autoscaler scales and its loop discovers replicas through
     on Ray, driven here with trainer services (the same actors and placement groups as
     rollout replicas, far cheaper to start than an engine): each replica added gets a group
-    of its own and is listed once it serves; one removed is stopped with its group."""
+    of its own and is listed once it serves; one removed is stopped with its group. One
+    added while the cluster has no room (its CPUs held by another group, as on an
+    autoscaling cluster before the new node is up) is added at once, neither listed nor
+    taken for dead while it waits, removed cleanly, and serves once room appears."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
     groups = ray_launcher.PlacementGroups(driver, f"fleet-{secrets.token_hex(3)}", 60.0)
     made = itertools.count()
 
@@ -273,6 +278,27 @@ def test_rollout_actors_are_added_and_removed_as_the_autoscaler_asks(zoo, ray_he
         assert fleet() == serving[:1] and fleet.get() == 1
         states = {g["name"]: g["state"] for g in driver.util.placement_group_table().values()}
         assert states[f"{groups.run}-r1"] == "REMOVED" and states[f"{groups.run}-r0"] == "CREATED"
+
+        # no room left: a replica added waits for it without holding the loop up
+        room = driver.cluster_resources()["CPU"] - 1  # all but r0's (r1's may still be going)
+        held = placement_group([{"CPU": room}], strategy="STRICT_PACK")
+        driver.get(held.ready(), timeout=60)
+        try:
+            t0 = time.monotonic()
+            fleet.set(2)
+            assert time.monotonic() - t0 < 10, "adding a replica waited for its placement"
+            waiting = fleet.replicas[-1]
+            time.sleep(2)
+            assert waiting.exit_code() is None and not waiting.started() and fleet() == serving[:1]
+            assert "waits for room" in waiting.log_tail()
+            fleet.set(1)  # removed while it waits: its group with it
+            states = {g["name"]: g["state"] for g in driver.util.placement_group_table().values()}
+            assert states[f"{groups.run}-r2"] == "REMOVED"
+            fleet.set(2)  # placed once room appears
+        finally:
+            remove_placement_group(held)
+        wait_for(lambda: len(fleet()) == 2, 180, "the waiting replica serving once room appeared")
+        assert health_of(fleet()[1], 10.0) == "SERVING"
     finally:
         fleet.set(0)
 

@@ -265,7 +265,8 @@ class RayService:
         self.gpus, self.cpus, self.env = gpus, cpus, env or {}
         self.wait_ready = wait_ready
         self.actor: Any = None
-        self.node: str | None = None
+        self.node: str | None = None  # once the actor is placed
+        self._node_ref: Any = None  # the actor's answer to where it runs
         self.port: int | None = None  # kept over a restart: the address the run knows
         self._started: Any = None  # the last start call (its result: the port)
         self._ready = False  # the last start's service serves
@@ -276,9 +277,9 @@ class RayService:
             raise RuntimeError(f"{self.name} not started")
         return f"{self.node}:{self.port}"
 
-    def place(self) -> str:
-        """Create the actor in its bundle (no service yet): the node's address, e.g. for
-        the trainer's rendezvous before any rank starts."""
+    def _new_actor(self) -> None:
+        """The actor in its bundle, not waited for: it runs once its placement group is
+        placed, which on an autoscaling cluster may take a new node (minutes)."""
         ray = self.groups.ray
         host = ray.remote(ServiceHost).options(
             name=f"{self.groups.run}-{self.name}",
@@ -288,8 +289,24 @@ class RayService:
             scheduling_strategy=self.groups.strategy(self.group, self.index),
         )
         self.actor = host.remote()
-        self.node = ray.get(self.actor.node_address.remote(), timeout=ACTOR_CALL_S)
+        self.node, self._node_ref = None, self.actor.node_address.remote()
+
+    def place(self) -> str:
+        """Create the actor in its bundle (no service yet) and wait until it is placed:
+        the node's address, e.g. for the trainer's rendezvous before any rank starts."""
+        self._new_actor()
+        self.node = self.groups.ray.get(self._node_ref, timeout=self.groups.timeout_s)
         return self.node
+
+    def _placed(self) -> bool:
+        """Whether the actor runs on a node yet, without waiting (its address then in
+        `node`); RayActorError when it died before it was placed."""
+        if self.node is None:
+            ray = self.groups.ray
+            if not ray.wait([self._node_ref], timeout=0)[0]:
+                return False
+            self.node = ray.get(self._node_ref)
+        return True
 
     def free_port(self) -> int:
         return self.groups.ray.get(self.actor.free_port.remote(), timeout=ACTOR_CALL_S)
@@ -299,7 +316,7 @@ class RayService:
         restart lands in the same bundle, so on the same node)."""
         if self.actor is None or self.exit_code() is not None:
             self.kill()
-            self.place()
+            self._new_actor()
         self._ready = False
         self._started = self.actor.start.remote(self.cfg, self.service, self.env, self.wait_ready)
         if wait:
@@ -310,8 +327,9 @@ class RayService:
         ray = self.groups.ray
         try:
             port = ray.get(self._started)
+            self.node = ray.get(self._node_ref)  # placed: its start ran
         except ray.exceptions.RayError as e:
-            raise ServerDied(f"{self.name} on {self.node} did not start: {_cause(e)}") from None
+            raise ServerDied(f"{self.name} on {self.node or 'its node'} did not start: {_cause(e)}") from None
         if port is not None:  # a restart binds the address the run knows the service by
             self.port = port
             self.cfg = self.cfg.model_copy(update={"port": port})
@@ -345,6 +363,8 @@ class RayService:
         if self.actor is None:
             return None
         try:
+            if not self._placed():
+                return None  # waiting for room (a node being added), not dead
             return ray.get(self.actor.exit_code.remote(), timeout=ACTOR_CALL_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return -1
@@ -352,6 +372,8 @@ class RayService:
     def log_tail(self, lines: int = 40) -> str:
         ray = self.groups.ray
         try:
+            if self.actor is not None and not self._placed():
+                return f"(the actor {self.groups.run}-{self.name} waits for room on the cluster)"
             return ray.get(self.actor.log_tail.remote(lines), timeout=ACTOR_CALL_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, AttributeError):
             return f"(the actor {self.groups.run}-{self.name} on {self.node} is gone with its log)"
@@ -361,7 +383,8 @@ class RayService:
             return
         ray = self.groups.ray
         with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            ray.get(self.actor.stop.remote(), timeout=ACTOR_CALL_S)  # gone already: killed below
+            if self._placed():  # one still waiting for room has no service to stop
+                ray.get(self.actor.stop.remote(), timeout=ACTOR_CALL_S)  # gone already: killed below
         self.kill()
 
     def kill(self) -> None:
