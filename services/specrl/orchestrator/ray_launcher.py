@@ -366,7 +366,7 @@ class RayService:
             if not self._placed():
                 return None  # waiting for room (a node being added), not dead
             return ray.get(self.actor.exit_code.remote(), timeout=ACTOR_CALL_S)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        except ray.exceptions.RayError:  # died, never placeable, or not answering
             return -1
 
     def log_tail(self, lines: int = 40) -> str:
@@ -375,14 +375,14 @@ class RayService:
             if self.actor is not None and not self._placed():
                 return f"(the actor {self.groups.run}-{self.name} waits for room on the cluster)"
             return ray.get(self.actor.log_tail.remote(lines), timeout=ACTOR_CALL_S)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, AttributeError):
+        except (ray.exceptions.RayError, AttributeError):
             return f"(the actor {self.groups.run}-{self.name} on {self.node} is gone with its log)"
 
     def stop(self) -> None:
         if self.actor is None:
             return
         ray = self.groups.ray
-        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        with contextlib.suppress(ray.exceptions.RayError):
             if self._placed():  # one still waiting for room has no service to stop
                 ray.get(self.actor.stop.remote(), timeout=ACTOR_CALL_S)  # gone already: killed below
         self.kill()
