@@ -300,7 +300,7 @@ class RayService:
 
     def _placed(self) -> bool:
         """Whether the actor runs on a node yet, without waiting (its address then in
-        `node`); RayActorError when it died before it was placed."""
+        `node`); a RayError when it died or cannot be placed."""
         if self.node is None:
             ray = self.groups.ray
             if not ray.wait([self._node_ref], timeout=0)[0]:

@@ -12,7 +12,7 @@ import uuid
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from specrl import grpc_options, shutdown
+from specrl import grpc_options, serving, shutdown
 from specrl.config import RolloutServerConfig
 from specrl.rollout.engines.base import Sampling
 from specrl.rollout.service import NotReady, NotServing, RolloutService, StampedSample
@@ -272,9 +272,7 @@ async def serve(cfg: RolloutServerConfig, *, ready_file: str | None = None) -> i
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        if ready_file:
-            with open(ready_file, "w") as f:
-                f.write(str(port))
+        serving.report_ready(ready_file, port)
         await stop.wait()
         log.info("shutting down")
         shutdown.exit_after()
