@@ -77,6 +77,18 @@ def server_config(
     )
 
 
+def greedy_continuation(model, ids: list[int], tokens: int) -> list[int]:
+    """An HF model's greedy continuation of `ids`, computed apart from any engine (no stop)."""
+    import torch
+
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(tokens):
+            logits = model(input_ids=torch.tensor([ids + out])).logits[0, -1]
+            out.append(int(logits.argmax()))
+    return out
+
+
 def tiny_qwen3(path, *, layers: int = 2, kv_heads: int = 2) -> None:
     """A random Qwen3 small enough for multi-process trainer tests (4 heads, 2 KV heads:
     splits across tp=2; 1 KV head: replicated across tp=2, like the zoo target), saved in

@@ -516,6 +516,11 @@ def bench_history(
     head: str = typer.Option(
         "domain", help="EAGLE-3 head of the eagle3 and hybrid cells: domain, or generic (weak)."
     ),
+    history_draft: int = typer.Option(
+        8,
+        min=1,
+        help="History's longest draft, alone and in the hybrid (at least --k).",
+    ),
 ) -> None:
     """AR, EAGLE-3 alone, the history drafter and the hybrid over the epochs of a real RL
     run (the policy trained between epochs), each epoch's history carried from the last."""
@@ -532,6 +537,7 @@ def bench_history(
         tasks=_tasks(tasks),
         rounds=rounds,
         head=head,
+        history_draft=history_draft,
         console=console,
     )
 

@@ -136,6 +136,11 @@ class HistoryConfig(StrictModel):
     hybrid: bool = False
     hybrid_min_draft: int = Field(2, ge=1)
     hybrid_min_match: int = Field(2, ge=1)
+    # The longest draft history gives in the hybrid, past the draft model's
+    # num_speculative_tokens: the engine is built for this many draft tokens and the draft
+    # model still drafts num_speculative_tokens, so a request whose history repeats drafts
+    # further than the model's sequential positions would pay for (None: the model's k).
+    hybrid_max_draft: int | None = Field(None, ge=1, le=MAX_SPECULATIVE_TOKENS)
 
     @model_validator(mode="after")
     def _check(self) -> HistoryConfig:
@@ -149,7 +154,7 @@ class HistoryConfig(StrictModel):
 
     def index_settings(self) -> dict:
         """The settings of the index itself (specrl.rollout.history.HistoryIndex)."""
-        return self.model_dump(exclude={"hybrid", "hybrid_min_draft", "hybrid_min_match"})
+        return self.model_dump(exclude={"hybrid", "hybrid_min_draft", "hybrid_min_match", "hybrid_max_draft"})
 
 
 class SpeculationConfig(StrictModel):
@@ -192,7 +197,24 @@ class SpeculationConfig(StrictModel):
                 f"speculation.history.hybrid needs a draft model (method eagle3 or draft_model), "
                 f"not method {self.method!r}"
             )
+        if self.history.hybrid_max_draft is not None:
+            self._check_hybrid_max_draft(self.history.hybrid_max_draft)
         return self
+
+    def _check_hybrid_max_draft(self, longest: int) -> None:
+        if not self.history.hybrid:
+            raise ValueError("speculation.history.hybrid_max_draft needs speculation.history.hybrid")
+        if longest < self.num_speculative_tokens:
+            raise ValueError(
+                f"speculation.history.hybrid_max_draft={longest} is below num_speculative_tokens="
+                f"{self.num_speculative_tokens}: history drafts at least as far as the draft model"
+            )
+        if longest > self.num_speculative_tokens and self.adaptive.enabled:
+            raise ValueError(
+                "speculation.adaptive cannot run with history.hybrid_max_draft above "
+                "num_speculative_tokens: the controller measures and chooses one draft length "
+                "for both sources; leave hybrid_max_draft unset, or adaptive off"
+            )
 
     def _check_schedule(self, schedule: tuple[tuple[int, int, int], ...]) -> None:
         if not self.enabled:
@@ -224,6 +246,12 @@ class SpeculationConfig(StrictModel):
     def k(self) -> int:
         """Draft length actually in force (0 when speculation is off)."""
         return self.num_speculative_tokens if self.enabled else 0
+
+    @property
+    def engine_k(self) -> int:
+        """The longest draft the engine is built for: the draft model's k, or history's
+        longest in the hybrid (history.hybrid_max_draft)."""
+        return max(self.k, self.history.hybrid_max_draft or 0) if self.history.hybrid else self.k
 
 
 class BaseEngineConfig(StrictModel):

@@ -11,21 +11,11 @@ import torch
 
 from specrl.rollout.api import RolloutClient
 
-from helpers import server_config
+from helpers import greedy_continuation, server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 
 TOKENS = 24
-
-
-def _greedy(model, ids: list[int], tokens: int) -> list[int]:
-    """The target's greedy continuation, computed apart with the HF model (no stop)."""
-    out: list[int] = []
-    with torch.no_grad():
-        for _ in range(tokens):
-            logits = model(input_ids=torch.tensor([ids + out])).logits[0, -1]
-            out.append(int(logits.argmax()))
-    return out
 
 
 def _acceptance_length(resp) -> float:
@@ -46,7 +36,7 @@ def test_responses_carried_with_a_prompt_are_drafted_from_at_its_first_sight(ser
     carried, plain = (
         tok(p, add_special_tokens=False)["input_ids"] for p in ("Q: 31+4=?\nA:", "Q: 9-17=?\nA:")
     )
-    response = _greedy(model, carried, TOKENS)
+    response = greedy_continuation(model, carried, TOKENS)
     proc = servers.get(server_config("history", 3, None, {"history": {"min_match": 2}}))
     greedy = {"temperature": 0.0, "max_tokens": TOKENS, "ignore_eos": True, "return_text": False}
     with RolloutClient(proc.address) as c:

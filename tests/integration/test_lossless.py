@@ -15,7 +15,7 @@ from specrl.rollout.api import RolloutClient
 from specrl.stats.exact import goodness_of_fit, processed_probs
 from specrl.stats.lossless import PROBE_PROMPT, SETTINGS, check_samples, continuation_distribution
 
-from helpers import metrics_text, server_config
+from helpers import greedy_continuation, metrics_text, server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo]
 
@@ -32,6 +32,7 @@ ALPHA = 1e-3
 # `specrl verify lossless` test.
 SEED = 1
 LENGTH = 3
+LONG_TOKENS = 48  # the hybrid's check of drafts past the draft model's k
 LOGPROB_ATOL = 1e-3  # float32 engine vs float32 HF: different kernels, same math
 
 # Every method at k = 3 (several draft positions, partial acceptance). Not every k: specrl
@@ -55,8 +56,17 @@ NGRAM = {"prompt_lookup_min": 1}
 HISTORY = {"history": {"min_match": 1}}
 # EAGLE-3 hybrid with history: a request step drafts from history when history has even
 # one token on a one-token match (so both sources draft, and a row's later positions can come from EAGLE-3
-# after history's first); the test checks that both did.
-HYBRID = {"history": {"min_match": 1, "hybrid": True, "hybrid_min_draft": 1, "hybrid_min_match": 1}}
+# after history's first); the test checks that both did. History drafts up to 8 tokens,
+# past EAGLE-3's 3 (hybrid_max_draft: ragged rows longer than the draft model's).
+HYBRID = {
+    "history": {
+        "min_match": 1,
+        "hybrid": True,
+        "hybrid_min_draft": 1,
+        "hybrid_min_match": 1,
+        "hybrid_max_draft": 8,
+    }
+}
 METHODS = [
     ("draft_model", 3, "zoo:draft", None),
     ("ngram", 3, None, NGRAM),
@@ -120,6 +130,8 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
     cell = SEED_ORDER.index(cell_id(method, k, spec))
     proc = servers.get(server_config(method, k, draft, spec))
     with RolloutClient(proc.address) as c:
+        if spec is HYBRID:
+            long_drafts_pay_where_history_repeats(c, hf, k)
         if spec in (HISTORY, HYBRID):  # history from another distribution first
             sample(c, hf[2], {"temperature": 2.0}, seed=SEED + (PRIME_BLOCKS + cell) * N)
         for i, setting in enumerate(SETTINGS):
@@ -140,6 +152,23 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
             state = c.status().speculation
             assert state.history and state.history_rows > 0 and state.model_rows > 0, state
             assert state.first_pass_only_steps > 0, state  # and history alone, the model skipped
+            assert state.long_draft_steps > 0, state  # and drafts past the model's k
+
+
+def long_drafts_pay_where_history_repeats(client, hf, k: int) -> None:
+    """On a fresh hybrid server, a prompt carried with its greedy continuation, sampled
+    greedily alone (batch size 1): once measured, history's drafts past EAGLE-3's k emit
+    more tokens a step (every draft accepted) and are kept (DraftLengths); EAGLE-3 alone
+    cannot pass k + 1 tokens a step."""
+    model, tok, _ = hf
+    ids = tok("Q: 31+4=?\nA:", add_special_tokens=False)["input_ids"]
+    response = greedy_continuation(model, ids, LONG_TOKENS)
+    greedy = {"temperature": 0.0, "max_tokens": LONG_TOKENS, "ignore_eos": True, "return_text": False}
+    sample = client.generate([ids], history=[[response]], **greedy).samples[0]
+    assert list(sample.token_ids) == response
+    length = 1 + sample.acceptance.accepted_tokens / sample.acceptance.drafts
+    print("hybrid, drafts past k: acceptance length", length)
+    assert length > k + 2, sample.acceptance
 
 
 def test_returned_logprobs_match_the_hf_model(servers, hf):

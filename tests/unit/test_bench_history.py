@@ -61,6 +61,16 @@ def test_the_eagle3_and_hybrid_cells_use_the_head_asked_for():
         assert drafts["eagle3"] == drafts["hybrid"] == f"zoo:think/eagle3-{head}"
 
 
+def test_history_drafts_past_the_heads_k_alone_and_in_the_hybrid():
+    from specrl.bench.draft import bench_server
+
+    cells = {c.name: c for c in history.cells(TASKS["rl-zero"], history_draft=8)}
+    assert cells["history"].k == 8 and cells["eagle3"].k is None and cells["hybrid"].k is None
+    hybrid = cells["hybrid"]
+    spec = bench_server("zoo:target", hybrid.method, hybrid.draft, 3, False, hybrid.history).speculation
+    assert spec.k == 3 and spec.engine_k == 8  # the head drafts 3, history up to 8
+
+
 def test_a_continued_rl_run_draws_training_batches_of_its_own(tmp_path):
     from specrl.bench.draft import rl_run_config
 

@@ -17,7 +17,7 @@ from specrl.config import SpeculationConfig
 from specrl.rollout.engines.vllm import history as vllm_history
 from specrl.rollout.engines.vllm.history import install_hybrid
 from specrl.rollout.history import HistoryIndex
-from specrl.rollout.hybrid import SourceScores, StepCosts, agreed
+from specrl.rollout.hybrid import REMEASURE_EVERY, DraftLengths, SourceScores, StepCosts, agreed
 
 PROMPT = [1, 2, 3, 4]
 MODEL_TOKEN = 9  # what the stand-in draft model drafts at every position
@@ -27,8 +27,9 @@ class _Runner:
     """Stand-in for vLLM's GPUModelRunner: an input batch and a draft model that drafts
     MODEL_TOKEN everywhere."""
 
-    def __init__(self) -> None:
-        spec = SimpleNamespace(num_speculative_tokens=3)
+    def __init__(self, engine_k: int = 3) -> None:
+        self.engine_k = engine_k  # the longest draft the engine is built for
+        spec = SimpleNamespace(num_speculative_tokens=engine_k)
         self.vllm_config = SimpleNamespace(
             speculative_config=spec, model_config=SimpleNamespace(max_model_len=64)
         )
@@ -54,10 +55,14 @@ class _Runner:
         self.model_k.append(k)
         return torch.full((len(sampled_token_ids), k), MODEL_TOKEN, dtype=torch.int32)
 
-    def step(self, rows: dict[str, list[int]], sampled: list[list[int]]) -> list[list[int]]:
-        """One engine step's drafts for `rows`, which emitted `sampled` last step."""
+    def step(
+        self, rows: dict[str, list[int]], sampled: list[list[int]], k: int | None = None
+    ) -> list[list[int]]:
+        """One engine step's drafts for `rows`, which emitted `sampled` last step, the
+        scheduler asking for `k` (None: the engine's k)."""
         self.batch(rows)
-        drafts = self.propose_draft_token_ids(SimpleNamespace(num_spec_tokens_to_schedule=3), sampled)
+        scheduled = SimpleNamespace(num_spec_tokens_to_schedule=self.engine_k if k is None else k)
+        drafts = self.propose_draft_token_ids(scheduled, sampled)
         return drafts.tolist() if isinstance(drafts, torch.Tensor) else drafts
 
 
@@ -79,6 +84,56 @@ def test_a_row_with_history_takes_its_draft_and_the_model_fills_the_rest():
     drafts = runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24]}, [[6], [24]])
     assert drafts == [[7, 8, MODEL_TOKEN], [MODEL_TOKEN] * 3]
     assert history.rows["history"] == 1 and history.rows["first_pass_only"] == 0
+
+
+def test_history_drafts_past_the_draft_models_k_up_to_the_engines(monkeypatch):
+    """history.hybrid_max_draft: the engine is built for 6 draft tokens, the draft model
+    is asked for its own 3; where long drafts are chosen (DraftLengths), a row that repeats
+    a longer earlier response drafts 6 tokens from it, a row history has nothing for gets
+    the model's 3. A step scheduled for fewer (a k_schedule's 2) shortens both alike: the
+    model 2, history 5; where long drafts are not chosen, history drafts the model's k."""
+    long = [True]
+    monkeypatch.setattr(DraftLengths, "choose", lambda self, batch: long[0])
+    runner = _Runner(engine_k=6)
+    history = install_hybrid(runner, {"min_match": 1}, 1, 1, model_k=3)
+    runner.step({"a": [*PROMPT, *range(5, 13)], "m": [30, 31, 32, 33, 34]}, [[12], [34]])
+    runner.step({"m": [30, 31, 32, 33, 34, 35]}, [[35]])  # "a" ended; the model measured
+    rows = {"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24]}
+    assert runner.step(rows, [[6], [24]]) == [list(range(7, 13)), [MODEL_TOKEN] * 3]
+    assert runner.model_k[-1] == 3 and history.rows["history"] == 1
+    assert runner.step(rows, [[6], [24]], k=2) == [list(range(7, 12)), [MODEL_TOKEN] * 2]
+    assert runner.model_k[-1] == 2 and history.rows["long_drafts"] == 2  # steps a row drafted long
+    long[0] = False
+    assert runner.step(rows, [[6], [24]]) == [[7, 8, 9], [MODEL_TOKEN] * 3]
+    assert history.rows["long_drafts"] == 2
+
+
+def test_long_drafts_are_kept_at_the_batch_sizes_where_they_emit_more_tokens_per_second():
+    lengths = DraftLengths()
+    clock = iter(range(10_000))
+
+    def step(batch: int, emitted_if_long: int, emitted_if_short: int, continued: bool = True) -> bool:
+        """A step of `batch` rows taking 1 s, its rows drafting as chosen; the choice."""
+        long = lengths.choose(batch)
+        lengths.proposed(batch, next(clock), long)
+        lengths.observe(emitted_if_long if long else emitted_if_short, next(clock), continued)
+        return long
+
+    # untried first: long, then short; at batch 2 long emits more, at batch 64 fewer
+    assert [step(2, 12, 8), step(2, 12, 8)] == [True, False]
+    assert [step(64, 300, 330), step(64, 300, 330)] == [True, False]
+    assert step(2, 12, 8) and not step(64, 300, 330)
+    # the other choice again every REMEASURE_EVERY steps at a batch size
+    choices = [step(64, 300, 330) for _ in range(REMEASURE_EVERY + 1)]
+    assert choices.count(True) == 1
+    # a step after the engine may have idled (no request carried over) is not counted
+    rate = dict(lengths.rate)
+    step(2, 0, 0, continued=False)
+    assert lengths.rate == rate
+    # a step chosen long where no row drafted past the model's k counts as a short one
+    lengths.proposed(4, 0.0, long=False)
+    lengths.observe(5, 1.0, continued=True)
+    assert (3, True) not in lengths.rate and lengths.rate[3, False] == 5.0
 
 
 def test_a_match_shorter_than_min_draft_leaves_the_models_draft():
@@ -194,3 +249,22 @@ def test_hybrid_needs_a_draft_model_and_the_index_gets_only_its_settings():
     spec = SpeculationConfig(method="eagle3", draft="zoo:eagle3-domain", history={"hybrid": True})
     assert spec.drafts_from_history and not SpeculationConfig(method="eagle3", draft="x").drafts_from_history
     HistoryIndex(**spec.history.index_settings())  # no key the index does not take
+
+
+def test_history_drafting_past_the_model_builds_the_engine_for_the_longer_draft():
+    eagle = {"method": "eagle3", "draft": "zoo:eagle3-domain", "num_speculative_tokens": 3}
+    spec = SpeculationConfig(**eagle, history={"hybrid": True, "hybrid_max_draft": 8})
+    assert spec.engine_k == 8 and spec.k == 3
+    assert "hybrid_max_draft" not in spec.history.index_settings()
+    assert SpeculationConfig(**eagle, history={"hybrid": True}).engine_k == 3
+    refused = {
+        "needs speculation.history.hybrid": {"history": {"hybrid_max_draft": 8}},
+        "below num_speculative_tokens": {"history": {"hybrid": True, "hybrid_max_draft": 2}},
+        "adaptive cannot run": {
+            "history": {"hybrid": True, "hybrid_max_draft": 8},
+            "adaptive": {"enabled": True},
+        },
+    }
+    for message, extra in refused.items():
+        with pytest.raises(ValidationError, match=message):
+            SpeculationConfig(**eagle, **extra)

@@ -36,15 +36,17 @@ Responses = dict[str, list[list[int]]]  # prompt -> its responses
 
 @dataclass(frozen=True)
 class Cell:
-    """One server of a version: `name` in the rows, its speculation, and which earlier
-    responses it is carried: "" none, "last" the previous version's, "first" version 0's
-    (history written by a policy ever further away)."""
+    """One server of a version: `name` in the rows, its speculation (`k`: its own draft
+    length; None: the benchmark's), and which earlier responses it is carried: "" none,
+    "last" the previous version's, "first" version 0's (history written by a policy ever
+    further away)."""
 
     name: str
     method: str
     draft: str = ""
     history: dict | None = None
     carry: Literal["", "last", "first"] = ""
+    k: int | None = None
 
 
 # A benchmark's next version of a task: (its label, e.g. the epoch or policy step; the
@@ -146,7 +148,8 @@ def measure(
     level) over the counted rounds, and AR's responses per prompt (what this version wrote,
     for later versions to carry: cells[0] is AR). `carried[cell.carry]`: the responses a
     cell is carried."""
-    procs = [ServiceProcess(bench_server(policy, c.method, c.draft, k, False, c.history)) for c in cells]
+    configs = [bench_server(policy, c.method, c.draft, c.k or k, False, c.history) for c in cells]
+    procs = [ServiceProcess(cfg) for cfg in configs]
     done: dict[tuple[int, int], list[dict]] = {}
     written: Responses = {}
     with ExitStack() as stack:

@@ -6,8 +6,10 @@ measures the task's initial policy, and each later epoch first trains the previo
 for `steps` synchronous RL steps (`specrl run` on the task's training prompts, every
 service a real process, EAGLE-3 from the domain draft, frozen). Each epoch starts fresh
 rollout servers of its policy (bench/epochs.py): AR, EAGLE-3 alone, the history drafter
-alone and the hybrid (EAGLE-3 with history: speculation.history.hybrid), all at k, the
-EAGLE-3 head the task's domain head or, with `--head generic`, its weak generic one.
+alone and the hybrid (EAGLE-3 with history: speculation.history.hybrid), the draft model
+at k and history up to `history_draft` tokens (alone and in the hybrid: history has no
+sequential positions to pay for), the EAGLE-3 head the task's domain head or, with
+`--head generic`, its weak generic one.
 
 The measured prompts (the task's test prompts) come back once every epoch, and the
 history and hybrid servers get each prompt's responses of the previous epoch carried with
@@ -29,9 +31,9 @@ from specrl.bench.epochs import Cell, run_over_versions
 from specrl.bench.tasks import Task
 
 INIT = "eagle3-domain"
-# history's settings in this bench: its defaults (the hybrid chooses per request by measured
-# agreement and step times: rollout/hybrid.py)
-HYBRID = {"hybrid": True}
+# history's longest draft (history alone's k, the hybrid's history.hybrid_max_draft): the
+# draft model's sequential positions do not limit history's
+HISTORY_DRAFT = 8
 
 TABLE_COLUMNS = (
     "task",
@@ -46,16 +48,24 @@ TABLE_COLUMNS = (
 )
 
 
-def cells(task: Task, head: str = "domain") -> list[Cell]:
+def cells(task: Task, head: str = "domain", history_draft: int = HISTORY_DRAFT) -> list[Cell]:
     """The measured servers; `head`: the zoo's EAGLE-3 head of the eagle3 and hybrid cells
-    (domain: trained on the task; generic: a weak one, which leaves history more to add)."""
+    (domain: trained on the task; generic: a weak one, which leaves history more to add);
+    `history_draft`: history's longest draft, alone and in the hybrid (history's other
+    settings at their defaults: the hybrid chooses per request by measured agreement and
+    step times, rollout/hybrid.py)."""
     draft = f"zoo:{task.zoo}eagle3-{head}"
     return [
         Cell("ar", "none"),
         Cell("eagle3", "eagle3", draft),
-        Cell("history", "history", history={}, carry="last"),
-        Cell("hybrid", "eagle3", draft, history=HYBRID, carry="last"),
+        Cell("history", "history", history={}, carry="last", k=history_draft),
+        Cell("hybrid", "eagle3", draft, history=hybrid(history_draft), carry="last"),
     ]
+
+
+def hybrid(history_draft: int) -> dict:
+    """The hybrid's speculation.history in this bench."""
+    return {"hybrid": True, "hybrid_max_draft": history_draft}
 
 
 def run_history_bench(
@@ -68,9 +78,11 @@ def run_history_bench(
     tasks: list[str] | None = None,
     rounds: int = 2,
     head: str = "domain",
+    history_draft: int = HISTORY_DRAFT,
     console: Console | None = None,
 ) -> list[dict]:
-    """`tasks`: names in TASKS (default: all), measured in that order; `head`: cells()."""
+    """`tasks`: names in TASKS (default: all), measured in that order; `head`,
+    `history_draft`: cells()."""
     from specrl.orchestrator.run import run
 
     console = console or Console(stderr=True)
@@ -85,7 +97,7 @@ def run_history_bench(
                 task, INIT, steps, tmp, policy=policy[task.name], adapt=False, name=f"{task.name}-e{epoch}"
             )
             policy[task.name] = str(Path(run(cfg, console=console, metrics=False).checkpoint) / "hf")
-        return epoch, policy[task.name], cells(task, head)
+        return epoch, policy[task.name], cells(task, head, max(k, history_draft))
 
     return run_over_versions(
         out,
@@ -93,7 +105,12 @@ def run_history_bench(
         versions=epochs,
         keys=("method", "epoch"),
         columns=TABLE_COLUMNS,
-        meta={"rl_steps_per_epoch": steps, "hybrid": HYBRID, "eagle3_head": head},
+        meta={
+            "rl_steps_per_epoch": steps,
+            "hybrid": hybrid(max(k, history_draft)),
+            "history_k": max(k, history_draft),
+            "eagle3_head": head,
+        },
         k=k,
         concurrency=concurrency,
         tasks=tasks,

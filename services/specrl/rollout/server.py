@@ -146,6 +146,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             model_rows=history.get("model", 0),
             history_tokens=history.get("tokens", 0),
             first_pass_only_steps=history.get("first_pass_only", 0),
+            long_draft_steps=history.get("long_drafts", 0),
         )
 
     async def SetSpeculation(self, request, context):

@@ -49,7 +49,8 @@ def speculative_config(spec: SpeculationConfig, max_num_seqs: int) -> dict | Non
     without one, vLLM cannot change k at runtime."""
     if not spec.enabled:
         return None
-    cfg: dict = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+    # the hybrid's history may draft past the draft model's k (history.hybrid_max_draft)
+    cfg: dict = {"method": spec.method, "num_speculative_tokens": spec.engine_k}
     if spec.method == "ngram":
         cfg["prompt_lookup_min"] = spec.prompt_lookup_min
         cfg["prompt_lookup_max"] = spec.prompt_lookup_max
@@ -186,6 +187,7 @@ class VllmEngine:
             suffix_tree_class()  # the native index, or a clear error before the engine starts
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self._history = speculation.history if speculation.drafts_from_history else None
+        self._model_k = speculation.num_speculative_tokens  # the hybrid's draft model's
 
     async def start(self) -> None:
         """After the engine starts: drafting from history gets the model runner it reads
@@ -193,7 +195,10 @@ class VllmEngine:
         if self._history is None:
             return
         h = self._history
-        hybrid = {"min_draft": h.hybrid_min_draft, "min_match": h.hybrid_min_match} if h.hybrid else None
+        hybrid = None
+        if h.hybrid:
+            hybrid = {"min_draft": h.hybrid_min_draft, "min_match": h.hybrid_min_match}
+            hybrid["model_k"] = self._model_k
         args = (h.index_settings(), hybrid)
         if not all(await self._llm.collective_rpc("specrl_attach_history", args=args)):
             raise RuntimeError("the engine's drafter cannot draft from history (speculation.history)")

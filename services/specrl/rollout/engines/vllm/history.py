@@ -25,7 +25,11 @@ StepCosts), the draft model runs its first pass only (over the tokens just verif
 its KV cache stays current): the hybrid then costs about what history alone does; every
 REMEASURE_EVERY such steps in a row it drafts once more, to be scored again. Otherwise
 the draft model drafts every row and the rows that take history get history's tokens
-first and the model's after them.
+first and the model's after them. History may draft past the draft model's k
+(`history.hybrid_max_draft`: the engine is built for the longer draft, the model asked
+for its own k): where a request repeats its history, a step then emits more tokens than
+the model's sequential positions could, at the price of verifying them, which a large
+batch pays for; whether it does at the step's batch size is measured (DraftLengths).
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
 both drafts are deterministic functions of the request's tokens so far, and the choice
@@ -45,10 +49,9 @@ import time
 from typing import Any
 
 import numpy as np
-import torch
 
 from specrl.rollout.history import HistoryIndex
-from specrl.rollout.hybrid import REMEASURE_EVERY, SourceScores, StepCosts
+from specrl.rollout.hybrid import REMEASURE_EVERY, DraftLengths, SourceScores, StepCosts
 
 PROPOSER = f"{__name__}.HistoryProposer"
 
@@ -61,7 +64,8 @@ class HistoryProposer:
         self.runner: Any = None  # the model runner, once attached
         self._requests: dict[str, tuple[bytes, int, int]] = {}  # req id -> key, sequence, tokens seen
         # hybrid: rows drafted by each source, steps the draft model ran its first pass only
-        self.rows = {"history": 0, "model": 0, "first_pass_only": 0}
+        # steps history drafted past the draft model's k (history.hybrid_max_draft)
+        self.rows = {"history": 0, "model": 0, "first_pass_only": 0, "long_drafts": 0}
 
     def attach(self, runner: Any, settings: dict) -> None:
         self.runner = runner
@@ -125,25 +129,42 @@ def prompt_key(prompt: Any) -> bytes:
     return hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=16).digest()
 
 
-def install_hybrid(runner: Any, settings: dict, min_draft: int, min_match: int) -> HistoryProposer:
+def install_hybrid(
+    runner: Any, settings: dict, min_draft: int, min_match: int, model_k: int | None = None
+) -> HistoryProposer:
     """Choose per request between history's draft and the draft model's (module docstring)
     in `runner`: history's is a candidate where it matches the context over `min_match`
-    tokens at least and drafts `min_draft` tokens at least."""
+    tokens at least and drafts `min_draft` tokens at least. The draft model drafts
+    `model_k` positions at most (None: the engine's k), history as far as the engine's k
+    (history.hybrid_max_draft): a step scheduled for fewer (k_schedule) shortens both
+    alike."""
     history = HistoryProposer(runner.vllm_config)
+    model_k = history.k if model_k is None else model_k
     history.attach(runner, settings)
     scores, costs = SourceScores(), StepCosts()
+    lengths = DraftLengths() if history.k > model_k else None
+    proposed_for: set[str] = set()  # the requests of the last step drafted
     propose_model = runner.propose_draft_token_ids
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
 
     def propose_draft_token_ids(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
-        nonlocal streak, returned_at
+        nonlocal streak, returned_at, proposed_for
         called_at = time.perf_counter()
         rest_s = None if returned_at is None else called_at - returned_at
         batch = runner.input_batch
-        k = scheduler_output.num_spec_tokens_to_schedule
+        k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)  # the draft model's
+        long = False  # history past the draft model's k, where that is measured to pay
+        if lengths is not None:
+            emitted = sum(len(sampled) for sampled in sampled_token_ids)
+            lengths.observe(emitted, called_at, continued=not proposed_for.isdisjoint(batch.req_ids))
+            long = k > 0 and lengths.choose(len(sampled_token_ids))
         found = history.propose(
-            sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=k, min_depth=min_match
+            sampled_token_ids,
+            batch.num_tokens_no_spec,
+            batch.token_ids_cpu,
+            k=k + history.k - model_k if long else k,
+            min_depth=min_match,
         )
         scores.retain(runner.requests.keys())
         live = [i for i, sampled in enumerate(sampled_token_ids) if len(sampled)]
@@ -172,27 +193,35 @@ def install_hybrid(runner: Any, settings: dict, min_draft: int, min_match: int) 
             history.rows["first_pass_only"] += 1
             for i in live:
                 scores.offer(batch.req_ids[i], "history", found[i], at[i])
-            returned_at = time.perf_counter()
-            return found  # ragged, as n-gram's: vLLM verifies each row's draft as long as it is
-        streak = 0
-        started = time.perf_counter()
-        drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
-        costs.observe("full", time.perf_counter() - started, rest_s)
-        if runner._draft_probs is not None:
-            raise RuntimeError(
-                "hybrid history drafting needs deterministic draft-model drafts (vLLM "
-                "draft_sample_method greedy); the engine produced draft probabilities"
-            )
-        model = drafts.tolist()
-        history.rows["history"] += len(chosen)
-        history.rows["model"] += len(live) - len(chosen)
-        for i in live:
-            scores.offer(batch.req_ids[i], "model", model[i], at[i])
-        for i in candidates:  # history's draft, the model's after it: what would be verified
-            row = found[i] + model[i][len(found[i]) :]
-            scores.offer(batch.req_ids[i], "history", row, at[i])
-            if i in chosen:
-                drafts[i] = torch.tensor(row, dtype=drafts.dtype, device=drafts.device)
+            drafts = found  # ragged, as n-gram's: vLLM verifies each row's draft as long as it is
+        else:
+            streak = 0
+            if k != scheduler_output.num_spec_tokens_to_schedule:
+                scheduler_output = copy.copy(scheduler_output)
+                scheduler_output.num_spec_tokens_to_schedule = k
+            started = time.perf_counter()
+            drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
+            costs.observe("full", time.perf_counter() - started, rest_s)
+            if runner._draft_probs is not None:
+                raise RuntimeError(
+                    "hybrid history drafting needs deterministic draft-model drafts (vLLM "
+                    "draft_sample_method greedy); the engine produced draft probabilities"
+                )
+            drafts = drafts.tolist()  # ragged where history drafts past the draft model
+            history.rows["history"] += len(chosen)
+            history.rows["model"] += len(live) - len(chosen)
+            for i in live:
+                scores.offer(batch.req_ids[i], "model", drafts[i], at[i])
+            for i in candidates:  # history's draft, the model's after it: what would be verified
+                row = found[i] + drafts[i][len(found[i]) :]
+                scores.offer(batch.req_ids[i], "history", row, at[i])
+                if i in chosen:
+                    drafts[i] = row
+        if lengths is not None:  # the step is long if a row drafts past the model's k
+            long = any(len(row) > k for row in drafts)
+            lengths.proposed(len(sampled_token_ids), called_at, long)
+            history.rows["long_drafts"] += long
+            proposed_for = set(batch.req_ids)
         returned_at = time.perf_counter()
         return drafts
 
