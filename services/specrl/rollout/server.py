@@ -260,13 +260,15 @@ async def serve(cfg: RolloutServerConfig, *, ready_file: str | None = None) -> i
     try:
         await service.start()
         server, port, _ = await create_server(service, f"{cfg.host}:{cfg.port}")
+        spec = cfg.speculation
         log.info(
-            "rollout server on %s:%d (model %s, speculation %s k=%d)%s",
+            "rollout server on %s:%d (model %s, speculation %s k=%d%s)%s",
             cfg.host,
             port,
             engine.info.model,
             engine.info.method,
             engine.info.k,
+            f", history up to {spec.engine_k}" if spec.engine_k > spec.k else "",
             "" if service.serving else f" NOT SERVING: {service.not_serving_reason}",
         )
         stop = asyncio.Event()  # set before ready: a stop asked at once still stops gracefully
