@@ -126,9 +126,10 @@ class DraftLengths:
     at a batch size, from measured tokens per second: a longer draft emits more tokens a
     step where history repeats, and costs a verifier forward over more tokens for every
     row that drafts long; a small batch's forward costs about the same for 4 tokens a row
-    as for 9, a large one's does not (bench history, RL-Zero: 2.9x AR against 2.2x at c=1,
-    0.8x EAGLE-3 at c=64). Each engine step is attributed to the choice made when its
-    drafts were made: the tokens it emitted over the time from that proposal to the next.
+    as for 9, a large one's does not (with long drafts always on, RL-Zero was faster than
+    EAGLE-3 alone at c=1 and slower at c=64: docs/draft.md). Each engine step is
+    attributed to the choice made when its drafts were made: the tokens it emitted over
+    the time from that proposal to the next.
     A step counts as long if any row drafted past the model's k, whatever was chosen. Per
     batch size (powers of two), the choice with the higher moving average; each is tried
     where it has not been, and the other every REMEASURE_EVERY steps."""
