@@ -86,6 +86,7 @@ def run_history_bench(
     from specrl.orchestrator.run import run
 
     console = console or Console(stderr=True)
+    history_draft = max(k, history_draft)  # history drafts at least as far as the head
     policy: dict[str, str] = {}  # per task: the last epoch's
 
     def advance(task: Task, epoch: int, tmp: Path) -> tuple[int, str, list[Cell]]:
@@ -97,7 +98,7 @@ def run_history_bench(
                 task, INIT, steps, tmp, policy=policy[task.name], adapt=False, name=f"{task.name}-e{epoch}"
             )
             policy[task.name] = str(Path(run(cfg, console=console, metrics=False).checkpoint) / "hf")
-        return epoch, policy[task.name], cells(task, head, max(k, history_draft))
+        return epoch, policy[task.name], cells(task, head, history_draft)
 
     return run_over_versions(
         out,
@@ -107,8 +108,8 @@ def run_history_bench(
         columns=TABLE_COLUMNS,
         meta={
             "rl_steps_per_epoch": steps,
-            "hybrid": hybrid(max(k, history_draft)),
-            "history_k": max(k, history_draft),
+            "hybrid": hybrid(history_draft),
+            "history_k": history_draft,
             "eagle3_head": head,
         },
         k=k,

@@ -196,9 +196,12 @@ class VllmEngine:
             return
         h = self._history
         hybrid = None
-        if h.hybrid:
-            hybrid = {"min_draft": h.hybrid_min_draft, "min_match": h.hybrid_min_match}
-            hybrid["model_k"] = self._model_k
+        if h.hybrid:  # install_hybrid's settings
+            hybrid = {
+                "min_draft": h.hybrid_min_draft,
+                "min_match": h.hybrid_min_match,
+                "model_k": self._model_k,
+            }
         args = (h.index_settings(), hybrid)
         if not all(await self._llm.collective_rpc("specrl_attach_history", args=args)):
             raise RuntimeError("the engine's drafter cannot draft from history (speculation.history)")

@@ -154,16 +154,16 @@ def install_hybrid(
         rest_s = None if returned_at is None else called_at - returned_at
         batch = runner.input_batch
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)  # the draft model's
-        long = False  # history past the draft model's k, where that is measured to pay
+        may_draft_long = False  # history past the draft model's k, where measured to pay
         if lengths is not None:
             emitted = sum(len(sampled) for sampled in sampled_token_ids)
             lengths.observe(emitted, called_at, continued=not proposed_for.isdisjoint(batch.req_ids))
-            long = k > 0 and lengths.choose(len(sampled_token_ids))
+            may_draft_long = k > 0 and lengths.choose(len(sampled_token_ids))
         found = history.propose(
             sampled_token_ids,
             batch.num_tokens_no_spec,
             batch.token_ids_cpu,
-            k=k + history.k - model_k if long else k,
+            k=k + history.k - model_k if may_draft_long else k,
             min_depth=min_match,
         )
         scores.retain(runner.requests.keys())
@@ -218,9 +218,9 @@ def install_hybrid(
                 if i in chosen:
                     drafts[i] = row
         if lengths is not None:  # the step is long if a row drafts past the model's k
-            long = any(len(row) > k for row in drafts)
-            lengths.proposed(len(sampled_token_ids), called_at, long)
-            history.rows["long_drafts"] += long
+            drafted_long = any(len(row) > k for row in drafts)
+            lengths.proposed(len(sampled_token_ids), called_at, drafted_long)
+            history.rows["long_drafts"] += drafted_long
             proposed_for = set(batch.req_ids)
         returned_at = time.perf_counter()
         return drafts
