@@ -11,6 +11,19 @@ def test_generator_is_seed_deterministic_and_splits_are_disjoint():
     assert not test & {p.prompt for p in task.take(2000, seed=7)}
 
 
+def test_take_distinct_gives_different_problems_in_stream_order_and_says_when_a_split_has_too_few():
+    zoo = {"max_operand": 20, "max_terms": 2}  # the zoo's task: ~800 problems, ~80 in test
+    repeated = task.take(192, seed=99, split="test", **zoo)
+    assert len({p.prompt for p in repeated}) < 100  # why take_distinct exists
+    distinct = task.take_distinct(192, seed=99, split="train", **zoo)
+    assert len({p.prompt for p in distinct}) == 192
+    assert distinct == task.take_distinct(192, seed=99, split="train", **zoo)
+    first = list(dict.fromkeys(p.prompt for p in task.take(2000, seed=99, split="train", **zoo)))
+    assert [p.prompt for p in distinct] == first[:192]
+    with pytest.raises(ValueError, match=r"asked for 100 different problems; the split holds only \d\d\b"):
+        task.take_distinct(100, seed=99, split="test", **zoo)
+
+
 def test_solutions_are_correct_and_rewarded():
     for p in task.take(300, seed=1, max_terms=4, max_operand=99):
         assert task.extract_answer(p.solution) == p.answer

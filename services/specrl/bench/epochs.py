@@ -6,8 +6,11 @@ orchestrator/carry.py), and rows paired with AR and EAGLE-3 alone in the same ro
 
 A request samples a group (n = GROUP samples, siblings of each other; fewer below that
 concurrency); concurrency counts sequences in flight: c/n client threads. Every (round,
-concurrency) measurement has prompts of its own, the same at every version, so a prompt
-comes back once per version, as RL's prompts come back once per epoch."""
+concurrency) measurement has prompts of its own, different from every other's and the
+same at every version, so a prompt comes back once per version, as RL's prompts come
+back once per epoch: the task's training prompts (RL samples its training set), as the
+test split's ~80 problems are fewer than a run measures (192 at 3 rounds), and a prompt
+measured twice in one version would find history of that version on the server."""
 
 from __future__ import annotations
 
@@ -74,7 +77,8 @@ def run_over_versions(
     cell and the version by `keys` (cell key, version key); written to `out` (JSON, and
     Markdown beside) after every version, so a long run that fails keeps what it did."""
     chosen = [TASKS[name] for name in pick_tasks(tasks)]
-    prompts = prompt_sets(task_prompts(chosen, pool_size(concurrency, rounds), console), concurrency, rounds)
+    pool = task_prompts(chosen, pool_size(concurrency, rounds), console, distinct=True)
+    prompts = prompt_sets(pool, concurrency, rounds)
     cell_key, version_key = keys
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="specrl-bench-") as tmp:

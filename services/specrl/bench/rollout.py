@@ -91,14 +91,20 @@ def variants(ks: list[int], *, only: list[str] | None = None, adaptive: bool = T
     return [*out, Variant("none", "", 0)]
 
 
-def zoo_test_prompts(count: int, console: Console) -> list[str]:
+def zoo_prompts(count: int, console: Console, distinct: bool = False) -> list[str]:
     """Build (or reuse) the zoo; `count` prompts of its task's test split, the same in
-    every rollout benchmark."""
+    every rollout benchmark (a prompt may come more than once: the split is small).
+    `distinct`: `count` different prompts, of its training split, for measurements where a
+    prompt coming back is itself measured (history drafting); the test split holds only
+    about 80 problems."""
     from specrl.data import task
     from specrl.zoo.build import ZooSpec, build_zoo, task_kwargs
 
     build_zoo(console=console)
-    return [p.prompt for p in task.take(count, seed=99, split="test", **task_kwargs(ZooSpec()))]
+    kwargs = {"seed": 99, **task_kwargs(ZooSpec())}
+    if distinct:
+        return [p.prompt for p in task.take_distinct(count, split="train", **kwargs)]
+    return [p.prompt for p in task.take(count, split="test", **kwargs)]
 
 
 def wait_for_quiet_cpu(busy_percent: float = 20.0, timeout: float = 10.0) -> tuple[float, bool]:
@@ -222,7 +228,7 @@ def run_rollout_bench(
 ) -> list[dict]:
     console = console or Console(stderr=True)
     per_level = {c: (max(8, 2 * c) if quick else max(32, 4 * c)) for c in concurrency}
-    prompts = zoo_test_prompts(max(per_level.values()), console)
+    prompts = zoo_prompts(max(per_level.values()), console)
     costs = forward_costs()
     console.print(f"model forward costs (torch, batch 1): {costs}")
     rows: list[dict] = []

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from specrl.bench.report import machine
-from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, zoo_test_prompts
+from specrl.bench.rollout import MAX_TOKENS, TEMPERATURE, zoo_prompts
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,13 @@ def pick_tasks(names: list[str] | None) -> list[str]:
     return list(names or TASKS)
 
 
-def task_prompts(tasks: list[Task], count: int, console: Console) -> list[str]:
+def task_prompts(tasks: list[Task], count: int, console: Console, distinct: bool = False) -> list[str]:
     """Build (or reuse) the zoo, and its RL-Think variant when a task serves it (minutes
-    the first time); `count` prompts of the zoo task's test split, the same for both."""
+    the first time); `count` prompts of the zoo task's test split, the same for both
+    (`distinct`: different prompts, of its training split: rollout.zoo_prompts)."""
     from specrl.zoo.think import build_think
 
-    prompts = zoo_test_prompts(count, console)
+    prompts = zoo_prompts(count, console, distinct)
     if any(t.zoo for t in tasks):
         build_think(console=console)
     return prompts

@@ -87,9 +87,26 @@ def generate(
 
 
 def take(n: int, **kwargs: object) -> list[Problem]:
-    """The first n problems of `generate(**kwargs)`."""
+    """The first n problems of `generate(**kwargs)` (a problem may come more than once)."""
     stream = generate(**kwargs)  # type: ignore[arg-type]
     return [next(stream) for _ in range(n)]
+
+
+def take_distinct(n: int, **kwargs: object) -> list[Problem]:
+    """The first n different problems of `generate(**kwargs)`; an error when the split
+    does not seem to hold that many (no new one in many draws): a small task's test split
+    holds few (the zoo's, with operands up to 20 and two terms, about 80)."""
+    stream = generate(**kwargs)  # type: ignore[arg-type]
+    seen: dict[str, Problem] = {}
+    patience = 1000 + 50 * n  # draws without a new problem before giving up
+    since_new = 0
+    while len(seen) < n:
+        p = next(stream)
+        since_new = 0 if p.prompt not in seen else since_new + 1
+        seen.setdefault(p.prompt, p)
+        if since_new > patience:
+            raise ValueError(f"asked for {n} different problems; the split holds only {len(seen)}")
+    return list(seen.values())
 
 
 def extract_answer(completion: str) -> int | None:
