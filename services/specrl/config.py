@@ -130,9 +130,9 @@ class HistoryConfig(StrictModel):
     # sampled on that request lately (both are scored every step, verified or not:
     # rollout/hybrid.py). History's draft is a candidate where the request's last
     # `hybrid_min_match` tokens at least agree with history's and it drafts
-    # `hybrid_min_draft` tokens at least. When every request of an engine step has one and
-    # history alone is expected to give more tokens per second (measured step times), the
-    # draft model runs its first pass only (rollout/engines/vllm/history.py).
+    # `hybrid_min_draft` tokens at least. When history's drafts alone (none for a request
+    # without one) are expected to give an engine step more tokens per second (measured
+    # step times), the draft model runs its first pass only (rollout/engines/vllm/history.py).
     hybrid: bool = False
     hybrid_min_draft: int = Field(2, ge=1)
     hybrid_min_match: int = Field(2, ge=1)

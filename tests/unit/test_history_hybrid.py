@@ -77,7 +77,13 @@ def _hybrid(min_draft: int, min_match: int = 1) -> tuple[_Runner, object]:
     return runner, history
 
 
-def test_a_row_with_history_takes_its_draft_and_the_model_fills_the_rest():
+def _model_drafts_every_step(monkeypatch) -> None:
+    """History alone expected slower in every step (StepCosts): the draft model drafts."""
+    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, first_pass, full: False)
+
+
+def test_a_row_with_history_takes_its_draft_and_the_model_fills_the_rest(monkeypatch):
+    _model_drafts_every_step(monkeypatch)
     runner, history = _hybrid(min_draft=2)
     # "b" samples the prompt again and has 5, 6: history continues with 7, 8 (two tokens,
     # then the earlier response ends); "c" has a prompt history never saw
@@ -94,6 +100,7 @@ def test_history_drafts_past_the_draft_models_k_up_to_the_engines(monkeypatch):
     model 2, history 5; where long drafts are not chosen, history drafts the model's k."""
     long = [True]
     monkeypatch.setattr(DraftLengths, "choose", lambda self, batch: long[0])
+    _model_drafts_every_step(monkeypatch)
     runner = _Runner(engine_k=6)
     history = install_hybrid(runner, {"min_match": 1}, 1, 1, model_k=3)
     runner.step({"a": [*PROMPT, *range(5, 13)], "m": [30, 31, 32, 33, 34]}, [[12], [34]])
@@ -159,11 +166,27 @@ def test_when_every_row_takes_history_the_draft_model_runs_its_first_pass_only()
     assert history.rows["first_pass_only"] == 1 and history.rows["history"] == 2
 
 
+def test_where_history_alone_pays_a_row_without_a_history_draft_drafts_nothing(monkeypatch):
+    """Some rows have no history draft: the draft model's positions are still skipped
+    where the tokens per second expected say so (StepCosts, untimed here: tried), those
+    rows counted at the one token they emit; the rows with one take history's."""
+    asked = []
+    pays = StepCosts.first_pass_pays
+    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *a: asked.append(a) or pays(self, *a))
+    runner, history = _hybrid(min_draft=2)
+    drafts = runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24]}, [[6], [24]])
+    assert drafts == [[7, 8], []] and runner.model_k[-1] == 0
+    assert history.rows["first_pass_only"] == 1 and history.rows["history"] == 1
+    # expected tokens: "b" 1 + history's 0 (the replica's prior) and "c" 1, against 1 + the
+    # better source's 0 each (the model measured at 0 on "m")
+    assert asked[-1] == (pytest.approx(2.0), pytest.approx(2.0))
+
+
 def test_when_history_alone_would_be_slower_the_draft_model_drafts_and_rows_take_the_better(monkeypatch):
     """Every row has a history draft, but the step's tokens per second are expected to be
     higher with the draft model's (StepCosts): it drafts all k positions, and each row
     takes history's draft only where history scores at least as well."""
-    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, first_pass, full: False)
+    _model_drafts_every_step(monkeypatch)
     runner, history = _hybrid(min_draft=1)
     drafts = runner.step({"b": [*PROMPT, 5], "c": [*PROMPT, 5, 6]}, [[5], [6]])
     assert drafts == [[6, 7, 8], [7, 8, MODEL_TOKEN]] and runner.model_k[-1] == 3
@@ -194,10 +217,11 @@ def test_the_draft_model_drafts_again_after_a_run_of_first_passes(monkeypatch):
     assert runner.model_k[-3:] == [0, 0, 3]
 
 
-def test_a_request_whose_history_drafts_the_policy_rejects_moves_to_the_draft_model():
+def test_a_request_whose_history_drafts_the_policy_rejects_moves_to_the_draft_model(monkeypatch):
     """ "b" takes history's draft 7, 8 (+ the model's 9); the policy then emits 9 where
     history said 7, as the model's draft did: the next step "b" drafts from the model,
     though history still has a match."""
+    _model_drafts_every_step(monkeypatch)
     runner, _ = _hybrid(min_draft=1)
     first = runner.step({"b": [*PROMPT, 5, 6], "z": [20, 21, 22, 23, 24]}, [[6], [24]])
     assert first[0] == [7, 8, MODEL_TOKEN]
@@ -233,9 +257,10 @@ def test_a_draft_is_scored_by_its_leading_tokens_the_step_emitted():
     assert scores.prior == prior
 
 
-def test_draft_probabilities_are_refused():
+def test_draft_probabilities_are_refused(monkeypatch):
     """With probabilistic draft sampling vLLM verifies against the draft model's
     probabilities, which an overlaid row no longer follows: not lossless, so refused."""
+    _model_drafts_every_step(monkeypatch)
     runner, _ = _hybrid(min_draft=1)
     runner._draft_probs = torch.ones(1, 3, 4)
     with pytest.raises(RuntimeError, match="deterministic"):

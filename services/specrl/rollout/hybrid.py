@@ -97,10 +97,10 @@ class StepCosts:
     """Moving averages of an engine step's seconds: outside the draft model (`rest`: the
     target's forward, sampling, bookkeeping, history's lookup) and of the draft model's
     work by path (`full`: all k positions; `first_pass`: its first pass only). Whether a
-    step where every request drafts from history should skip the draft model's k - 1
-    sequential positions is a question of tokens per second, not of tokens alone: a
-    history draft a little worse than the model's still pays when it saves the model's
-    forwards (small batches, where a forward costs the same for 1 row as for 4)."""
+    step should draft from history alone, skipping the draft model's k - 1 sequential
+    positions, is a question of tokens per second, not of tokens alone: a history draft a
+    little worse than the model's, or none for a row or two, still pays when it saves the
+    model's forwards (small batches, where a forward costs the same for 1 row as for 4)."""
 
     def __init__(self) -> None:
         self.rest: float | None = None

@@ -17,10 +17,10 @@ row first; a row's history draft is a candidate where its context agrees with hi
 over `min_match` tokens at least and it drafts `min_draft` tokens at least, and a
 candidate is taken where history's drafts have agreed with the policy's samples on that
 request at least as well as the draft model's lately (specrl.rollout.hybrid: both
-sources' drafts are scored every step, verified or not). When every row has a candidate
-and history's drafts alone are expected to give more tokens per second (their expected
-accepted tokens over the step's time without the draft model's k - 1 positions, against
-the better source per row over the step's time with them, both times measured:
+sources' drafts are scored every step, verified or not). When history's drafts alone are
+expected to give more tokens per second (their expected accepted tokens, none for a row
+without a candidate, over the step's time without the draft model's k - 1 positions,
+against the better source per row over the step's time with them, both times measured:
 StepCosts), the draft model runs its first pass only (over the tokens just verified, so
 its KV cache stays current): the hybrid then costs about what history alone does; every
 REMEASURE_EVERY such steps in a row it drafts once more, to be scored again. Otherwise
@@ -173,10 +173,14 @@ def install_hybrid(
             scores.score(batch.req_ids[i], sampled_token_ids[i], at[i])
         candidates = {i for i in live if len(found[i]) >= min_draft}
         chosen = [i for i in sorted(candidates) if scores.prefers_history(batch.req_ids[i])]
-        if k > 0 and live and len(candidates) == len(live) and streak < REMEASURE_EVERY:
-            expected = [scores.expected(batch.req_ids[i]) for i in live]
-            first_pass_only = scores.measured["model"] > 0 and costs.first_pass_pays(
-                sum(1 + e["history"] for e in expected), sum(1 + max(e.values()) for e in expected)
+        if k > 0 and candidates and streak < REMEASURE_EVERY and scores.measured["model"]:
+            # tokens each row is expected to emit: without the model's positions, history's
+            # draft or none (a row without a candidate emits its one sampled token); with
+            # them, the better source's
+            expected = {i: scores.expected(batch.req_ids[i]) for i in live}
+            first_pass_only = costs.first_pass_pays(
+                sum(1 + expected[i]["history"] for i in candidates) + len(live) - len(candidates),
+                sum(1 + (max(e.values()) if i in candidates else e["model"]) for i, e in expected.items()),
             )
         else:
             first_pass_only = False
@@ -189,11 +193,13 @@ def install_hybrid(
             started = time.perf_counter()
             propose_model(first_pass, sampled_token_ids, *args, **kwargs)
             costs.observe("first_pass", time.perf_counter() - started, rest_s)
-            history.rows["history"] += len(live)
+            history.rows["history"] += sum(1 for i in live if found[i])
             history.rows["first_pass_only"] += 1
             for i in live:
                 scores.offer(batch.req_ids[i], "history", found[i], at[i])
-            drafts = found  # ragged, as n-gram's: vLLM verifies each row's draft as long as it is
+            # ragged, as n-gram's: vLLM verifies each row's draft as long as it is (a row
+            # without a candidate: history's shorter draft, or none)
+            drafts = found
         else:
             streak = 0
             if k != scheduler_output.num_spec_tokens_to_schedule:

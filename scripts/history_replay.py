@@ -1,0 +1,115 @@
+"""How many tokens history's drafts would have had accepted, replayed offline: a zoo
+policy samples `--samples` responses to each of `--prompts` different training prompts in
+two independent passes (vLLM, temperature 1), then the second is replayed token by token
+with the first as the prompts' history (as `bench history` carries it) and the sibling
+samples growing beside each other, drafting with specrl.rollout.history at each setting
+of the grid.
+
+A deterministic draft token is accepted with the probability that the policy samples it,
+so the leading draft tokens that agree with the policy's own next tokens are distributed
+as its accepted ones (rollout/hybrid.py): agreement with sampled responses measures
+acceptance without an engine, in seconds per setting, free of the timing noise of a
+2-core machine. History here is written by the same policy (no RL step in between), an
+upper bound on what `bench history` measures after the policy moved.
+
+Why: on RL-Think the hybrid barely beats EAGLE-3 alone; this says whether any history
+setting could (docs/draft.md, "When it pays").
+
+    .venv/bin/python scripts/history_replay.py --task rl-think [--out replay.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import numpy as np
+from rich.console import Console
+
+from specrl.bench.rollout import zoo_prompts
+from specrl.bench.tasks import TASKS
+from specrl.config import resolve_model_path
+from specrl.rollout.history import HistoryIndex
+from specrl.rollout.hybrid import agreed
+
+Responses = dict[str, dict]  # prompt -> {"prompt": token ids, "passes": [[response ids]]}
+
+
+def sample(task: str, prompts: int, samples: int, console: Console) -> Responses:
+    from vllm import LLM, SamplingParams
+
+    t = TASKS[task]
+    texts = zoo_prompts(prompts, console, distinct=True)
+    llm = LLM(model=resolve_model_path(f"zoo:{t.zoo}target"), dtype="float32", max_model_len=512, seed=0)
+    tokenizer = llm.get_tokenizer()
+    ids = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in texts]
+    out: Responses = {p: {"prompt": i["prompt_token_ids"], "passes": []} for p, i in zip(texts, ids)}
+    for n in range(2):  # vLLM seeds a request's n samples seed, seed + 1, ...: far apart
+        params = SamplingParams(temperature=1.0, max_tokens=t.max_tokens, n=samples, seed=1000 * n + 7)
+        for p, r in zip(texts, llm.generate(ids, params, use_tqdm=False)):
+            out[p]["passes"].append([list(o.token_ids) for o in r.outputs])
+    return out
+
+
+def replay(data: Responses, draft: int, **settings: float) -> dict[str, float]:
+    """Tokens per step over every step, and as vLLM counts acceptance (1 + accepted per
+    step that drafted), for the second pass with the first as history."""
+    index = HistoryIndex(**settings)
+    steps = drafted = accepted = emitted = 0
+    for key, d in data.items():
+        k, prompt = key.encode(), d["prompt"]
+        for response in d["passes"][0]:
+            seq = index.start(k, prompt)
+            index.extend(k, seq, response)
+            index.finish(k, seq)
+        siblings = d["passes"][1]
+        seqs = [index.start(k, prompt) for _ in siblings]
+        at = [0] * len(siblings)
+        while any(a < len(r) for a, r in zip(at, siblings)):
+            for i, r in enumerate(siblings):  # the siblings grow a step at a time, together
+                if at[i] >= len(r):
+                    continue
+                found = index.propose(k, seqs[i], np.array(prompt + r[: at[i]], dtype=np.int32), draft)
+                n = agreed(found, r[at[i] :])
+                step = min(n + 1, len(r) - at[i])
+                steps, drafted, accepted = steps + 1, drafted + bool(found), accepted + n
+                emitted += step
+                index.extend(k, seqs[i], r[at[i] : at[i] + step])
+                at[i] += step
+        for seq in seqs:
+            index.finish(k, seq)
+    return {
+        "tokens_per_step": round(emitted / steps, 3),
+        "acceptance_length": round(1 + accepted / drafted, 3) if drafted else 1.0,
+        "drafted_share": round(drafted / steps, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="rl-think", choices=sorted(TASKS))
+    parser.add_argument("--prompts", type=int, default=48)
+    parser.add_argument("--samples", type=int, default=4, help="per prompt and pass (a group)")
+    parser.add_argument("--draft", default="3,8,12", help="history's longest drafts")
+    parser.add_argument("--max-spec-factor", default="1,2,4")
+    parser.add_argument("--min-token-prob", default="0.1,0.3")
+    parser.add_argument("--out", help="JSON file for the rows")
+    opts = parser.parse_args()
+    console = Console(stderr=True)
+    data = sample(opts.task, opts.prompts, opts.samples, console)
+    rows = []
+    grid = itertools.product(
+        *(map(float, v.split(",")) for v in (opts.draft, opts.max_spec_factor, opts.min_token_prob))
+    )
+    for draft, factor, prob in grid:
+        row = {"task": opts.task, "draft": int(draft), "max_spec_factor": factor, "min_token_prob": prob}
+        rows.append(row | replay(data, int(draft), max_spec_factor=factor, min_token_prob=prob))
+        console.print(rows[-1])
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump({"prompts": opts.prompts, "samples": opts.samples, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
