@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specrl.bench import history, staleness
-from specrl.bench.epochs import paired_rows, pool_size, prompt_sets, requests_per_level
+from specrl.bench.epochs import HYBRID_COUNTS, paired_rows, pool_size, prompt_sets, requests_per_level
 from specrl.bench.tasks import TASKS
 
 
@@ -30,7 +30,14 @@ def test_each_cell_is_paired_with_ar_and_history_with_eagle3_alone():
         (i, 4): [_result(base * factor[c.name], accepted=6, drafts=4) for base in (100.0, 200.0)]
         for i, c in enumerate(cells)
     }
+    hybrid = [i for i, c in enumerate(cells) if c.hybrid]
+    assert [cells[i].name for i in hybrid] == ["hybrid"]
+    for n, r in enumerate(done[hybrid[0], 4]):  # the server's counters over each round
+        r["hybrid"] = dict(zip(HYBRID_COUNTS, (10 * n + 30, 10, 5 + n, 2)))
     rows = {r["name"]: r for r in paired_rows(cells, done, [4], versus="eagle3")}
+    summed = {"history_rows": 70, "model_rows": 20, "first_pass_only_steps": 11, "long_draft_steps": 4}
+    assert {f: rows["hybrid"][f] for f in HYBRID_COUNTS} == summed
+    assert "history_rows" not in rows["history"]
     assert rows["hybrid"]["speedup_vs_ar"] == pytest.approx(3.0)
     assert rows["hybrid"]["speedup_vs_eagle3"] == pytest.approx(2.0)
     assert rows["history"]["speedup_vs_eagle3"] == pytest.approx(4 / 3, abs=1e-3)

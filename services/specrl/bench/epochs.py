@@ -31,9 +31,13 @@ from specrl.bench.draft import bench_server
 from specrl.bench.rollout import closed_loop
 from specrl.bench.tasks import TASKS, Task, bench_meta, pick_tasks, task_prompts
 from specrl.launcher import ServiceProcess, start_all
+from specrl.rollout.api import RolloutClient
 from specrl.tables import markdown_table, print_table
 
 GROUP = 4  # samples per request (a GRPO group)
+# what a hybrid server did in a measurement (its GetStatus counters, rollout/server.py):
+# rows drafted by each source, steps of history alone, steps some row drafted past k
+HYBRID_COUNTS = ("history_rows", "model_rows", "first_pass_only_steps", "long_draft_steps")
 Responses = dict[str, list[list[int]]]  # prompt -> its responses
 
 
@@ -50,6 +54,10 @@ class Cell:
     history: dict | None = None
     carry: Literal["", "last", "first"] = ""
     k: int | None = None
+
+    @property
+    def hybrid(self) -> bool:
+        return bool((self.history or {}).get("hybrid"))
 
 
 # A benchmark's next version of a task: (its label, e.g. the epoch or policy step; the
@@ -99,7 +107,7 @@ def run_over_versions(
                     console.print(
                         f"    {row[cell_key]:<16} c={row['concurrency']:<3} {row['tokens_per_s']:>8.1f} tok/s"
                         f"  AL {row['acceptance_length']:.2f}  {row['speedup_vs_ar']:.2f}x AR {row['vs_ar']}"
-                        f"  {row.get(f'vs_{versus}', '')}"
+                        f"  {row.get(f'vs_{versus}', '')}{_hybrid_summary(row)}"
                     )
                 rows += got
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -164,6 +172,7 @@ def measure(
         for rnd in range(rounds + 1):
             for c in levels:
                 for i in next(orders):
+                    before = _hybrid_counts(procs[i].address) if cells[i].hybrid else None
                     r = closed_loop(
                         procs[i].address,
                         prompts[(rnd, c)],
@@ -172,12 +181,31 @@ def measure(
                         n=group(c),
                         history=carried.get(cells[i].carry) if cells[i].carry else None,
                     )
+                    if before is not None:
+                        after = _hybrid_counts(procs[i].address)
+                        r["hybrid"] = {f: after[f] - before[f] for f in HYBRID_COUNTS}
                     if i == 0:
                         written |= r["responses"]
                     if rnd:
                         done.setdefault((i, c), []).append(r)
             console.print(f"    round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
     return done, written
+
+
+def _hybrid_summary(row: dict) -> str:
+    if "history_rows" not in row:
+        return ""
+    rows = row["history_rows"] + row["model_rows"]
+    return (
+        f"  rows from history {row['history_rows']}/{rows}, steps of history alone"
+        f" {row['first_pass_only_steps']}, long {row['long_draft_steps']}"
+    )
+
+
+def _hybrid_counts(address: str) -> dict[str, int]:
+    with RolloutClient(address) as client:
+        state = client.status().speculation
+    return {f: getattr(state, f) for f in HYBRID_COUNTS}
 
 
 def paired_rows(
@@ -207,6 +235,8 @@ def paired_rows(
                 "vs_ar": verdict(lo, hi) if i else "",
                 "busy_starts": sum(r["busy_start"] for r in results),
             }
+            if cell.hybrid:  # what the hybrid did, summed over the rounds
+                row |= {f: sum(r["hybrid"][f] for r in results) for f in HYBRID_COUNTS}
             if versus and cell.history is not None and cell.name != versus:
                 v_ratio, v_lo, v_hi = paired_ratio(rate[cell.name], rate[versus])
                 row |= {f"speedup_vs_{versus}": round(v_ratio, 3), f"vs_{versus}": verdict(v_lo, v_hi)}
