@@ -13,7 +13,7 @@ acceptance without an engine, in seconds per setting, free of the timing noise o
 upper bound on what `bench history` measures after the policy moved.
 
 Why: on RL-Think the hybrid barely beats EAGLE-3 alone; this says whether any history
-setting could (docs/draft.md, "When it pays").
+setting could (docs/benchmarks.md, "History drafting over the epochs of an RL run").
 
     .venv/bin/python scripts/history_replay.py --task rl-think [--out replay.json]
 """

@@ -174,12 +174,14 @@ def test_where_history_alone_pays_a_row_without_a_history_draft_drafts_nothing(m
     pays = StepCosts.first_pass_pays
     monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *a: asked.append(a) or pays(self, *a))
     runner, history = _hybrid(min_draft=2)
-    drafts = runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24]}, [[6], [24]])
-    assert drafts == [[7, 8], []] and runner.model_k[-1] == 0
+    # "c": a prompt history never saw; "d": history drafts 8 only, under min_draft
+    rows = {"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24], "d": [*PROMPT, 5, 6, 7]}
+    drafts = runner.step(rows, [[6], [24], [7]])
+    assert drafts == [[7, 8], [], []] and runner.model_k[-1] == 0
     assert history.rows["first_pass_only"] == 1 and history.rows["history"] == 1
-    # expected tokens: "b" 1 + history's 0 (the replica's prior) and "c" 1, against 1 + the
-    # better source's 0 each (the model measured at 0 on "m")
-    assert asked[-1] == (pytest.approx(2.0), pytest.approx(2.0))
+    # expected tokens: "b" 1 + history's 0 (the replica's prior), "c" and "d" 1 each,
+    # against 1 + the better source's 0 each (the model measured at 0 on "m")
+    assert asked[-1] == (pytest.approx(3.0), pytest.approx(3.0))
 
 
 def test_when_history_alone_would_be_slower_the_draft_model_drafts_and_rows_take_the_better(monkeypatch):

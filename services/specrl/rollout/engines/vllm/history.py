@@ -193,13 +193,13 @@ def install_hybrid(
             started = time.perf_counter()
             propose_model(first_pass, sampled_token_ids, *args, **kwargs)
             costs.observe("first_pass", time.perf_counter() - started, rest_s)
-            history.rows["history"] += sum(1 for i in live if found[i])
+            history.rows["history"] += len(candidates)
             history.rows["first_pass_only"] += 1
-            for i in live:
+            for i in candidates:
                 scores.offer(batch.req_ids[i], "history", found[i], at[i])
-            # ragged, as n-gram's: vLLM verifies each row's draft as long as it is (a row
-            # without a candidate: history's shorter draft, or none)
-            drafts = found
+            # ragged, as n-gram's: vLLM verifies each row's draft as long as it is; a row
+            # without a candidate drafts nothing (as the expected tokens above count it)
+            drafts = [found[i] if i in candidates else [] for i in range(len(found))]
         else:
             streak = 0
             if k != scheduler_output.num_spec_tokens_to_schedule:
