@@ -158,7 +158,7 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
 def long_drafts_pay_where_history_repeats(client, hf, k: int) -> None:
     """On a fresh hybrid server, a prompt carried with its greedy continuation, sampled
     greedily alone (batch size 1): once measured, history's drafts past EAGLE-3's k emit
-    more tokens a step (every draft accepted) and are kept (DraftLengths); EAGLE-3 alone
+    more tokens a step (every draft accepted) and are kept (draft_lengths); EAGLE-3 alone
     cannot pass k + 1 tokens a step."""
     model, tok, _ = hf
     ids = tok("Q: 31+4=?\nA:", add_special_tokens=False)["input_ids"]

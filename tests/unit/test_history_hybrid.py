@@ -6,6 +6,7 @@ stand-in has the attributes the hybrid reads."""
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,7 +18,7 @@ from specrl.config import SpeculationConfig
 from specrl.rollout.engines.vllm import history as vllm_history
 from specrl.rollout.engines.vllm.history import install_hybrid
 from specrl.rollout.history import HistoryIndex
-from specrl.rollout.hybrid import REMEASURE_EVERY, DraftLengths, SourceScores, StepCosts, agreed
+from specrl.rollout.hybrid import SourceScores, StepCosts, VerifyCost, agreed, draft_lengths
 
 PROMPT = [1, 2, 3, 4]
 MODEL_TOKEN = 9  # what the stand-in draft model drafts at every position
@@ -92,55 +93,104 @@ def test_a_row_with_history_takes_its_draft_and_the_model_fills_the_rest(monkeyp
     assert history.rows["history"] == 1 and history.rows["first_pass_only"] == 0
 
 
-def test_history_drafts_past_the_draft_models_k_up_to_the_engines(monkeypatch):
-    """history.hybrid_max_draft: the engine is built for 6 draft tokens, the draft model
-    is asked for its own 3; where long drafts are chosen (DraftLengths), a row that repeats
-    a longer earlier response drafts 6 tokens from it, a row history has nothing for gets
-    the model's 3. A step scheduled for fewer (a k_schedule's 2) shortens both alike: the
-    model 2, history 5; where long drafts are not chosen, history drafts the model's k."""
-    long = [True]
-    monkeypatch.setattr(DraftLengths, "choose", lambda self, batch: long[0])
+def _long_hybrid(monkeypatch, fit: tuple[float, float] | None) -> tuple[_Runner, object]:
+    """history.hybrid_max_draft: the engine built for 6 draft tokens, the draft model
+    asked for its own 3, "a"'s response to PROMPT (5 .. 24) in history, the model measured
+    on "m", and verification's cost `fit` (VerifyCost: seconds a step + seconds a token)."""
+    monkeypatch.setattr(VerifyCost, "fit", lambda self: fit)
     _model_drafts_every_step(monkeypatch)
     runner = _Runner(engine_k=6)
     history = install_hybrid(runner, {"min_match": 1}, 1, 1, model_k=3)
-    runner.step({"a": [*PROMPT, *range(5, 13)], "m": [30, 31, 32, 33, 34]}, [[12], [34]])
+    runner.step({"a": [*PROMPT, *range(5, 25)], "m": [30, 31, 32, 33, 34]}, [[24], [34]])
     runner.step({"m": [30, 31, 32, 33, 34, 35]}, [[35]])  # "a" ended; the model measured
-    rows = {"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24]}
-    assert runner.step(rows, [[6], [24]]) == [list(range(7, 13)), [MODEL_TOKEN] * 3]
-    assert runner.model_k[-1] == 3 and history.rows["history"] == 1
-    assert runner.step(rows, [[6], [24]], k=2) == [list(range(7, 12)), [MODEL_TOKEN] * 2]
-    assert runner.model_k[-1] == 2 and history.rows["long_drafts"] == 2  # steps a row drafted long
-    long[0] = False
-    assert runner.step(rows, [[6], [24]]) == [[7, 8, 9], [MODEL_TOKEN] * 3]
-    assert history.rows["long_drafts"] == 2
+    return runner, history
 
 
-def test_long_drafts_are_kept_at_the_batch_sizes_where_they_emit_more_tokens_per_second():
-    lengths = DraftLengths()
-    clock = iter(range(10_000))
+def test_history_drafts_past_the_draft_models_k_where_its_acceptance_pays(monkeypatch):
+    """A request whose history drafts were accepted drafts past the model's 3 up to the
+    engine's 6 where verifying a token costs little against what it is expected to add
+    (how far by its acceptance rate: test_draft_lengths_...). A step scheduled for fewer
+    (a k_schedule's 2) shortens both sources alike."""
+    runner, history = _long_hybrid(monkeypatch, (0.01, 1e-4))
+    # nothing scored for history on this replica yet: acceptance 0, the model's k
+    drafts = runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23]}, [[6], [23]])
+    assert drafts == [[7, 8, 9], [MODEL_TOKEN] * 3]
+    # "b"'s 7, 8, 9 accepted (10 sampled after them): history's rate on "b" is 1
+    rows = {"b": [*PROMPT, *range(5, 11)], "c": [20, 21, 22, 23, 24]}
+    drafts = runner.step(rows, [[7, 8, 9, 10], [24]])
+    assert drafts == [list(range(11, 17)), [MODEL_TOKEN] * 3]
+    assert history.rows["long_drafts"] == 1 and runner.model_k[-1] == 3
+    # 2 asked: 2 from the model's 3, and 5 from history's 6
+    assert runner.step({"b": [*PROMPT, *range(5, 17)]}, [list(range(11, 17))], k=2) == [list(range(17, 22))]
+    assert runner.model_k[-1] == 2
 
-    def step(batch: int, emitted_if_long: int, emitted_if_short: int, continued: bool = True) -> bool:
-        """A step of `batch` rows taking 1 s, its rows drafting as chosen; the choice."""
-        long = lengths.choose(batch)
-        lengths.proposed(batch, next(clock), long)
-        lengths.observe(emitted_if_long if long else emitted_if_short, next(clock), continued)
-        return long
 
-    # untried first: long, then short; at batch 2 long emits more, at batch 64 fewer
-    assert [step(2, 12, 8), step(2, 12, 8)] == [True, False]
-    assert [step(64, 300, 330), step(64, 300, 330)] == [True, False]
-    assert step(2, 12, 8) and not step(64, 300, 330)
-    # the other choice again every REMEASURE_EVERY steps at a batch size
-    choices = [step(64, 300, 330) for _ in range(REMEASURE_EVERY + 1)]
-    assert choices.count(True) == 1
-    # a step after the engine may have idled (no request carried over) is not counted
-    rate = dict(lengths.rate)
-    step(2, 0, 0, continued=False)
-    assert lengths.rate == rate
-    # a step chosen long where no row drafted past the model's k counts as a short one
-    lengths.proposed(4, 0.0, long=False)
-    lengths.observe(5, 1.0, continued=True)
-    assert (3, True) not in lengths.rate and lengths.rate[3, False] == 5.0
+def test_while_verifications_cost_is_unknown_history_drafts_as_far_as_it_offers(monkeypatch):
+    """Tried, so that steps of different lengths are timed; its rate decides as before
+    (0 before any history draft was scored)."""
+    runner, history = _long_hybrid(monkeypatch, None)
+    assert runner.step({"b": [*PROMPT, 5, 6]}, [[6]]) == [[7, 8, 9]]
+    assert runner.step({"b": [*PROMPT, *range(5, 11)]}, [[7, 8, 9, 10]]) == [list(range(11, 17))]
+    assert history.rows["long_drafts"] == 1
+
+
+def test_verification_cost_is_fitted_to_the_steps_timed():
+    cost = VerifyCost()
+    for v in range(1, VerifyCost.MIN_STEPS):
+        cost.observe(0.010 + 0.002 * v, v)
+    assert cost.fit() is None  # too few steps
+    cost.observe(0.010 + 0.002 * 9, 9)
+    a, b = cost.fit()
+    assert a == pytest.approx(0.010) and b == pytest.approx(0.002)
+    flat = VerifyCost()  # every step verified as many tokens: no slope to fit
+    for _ in range(20):
+        flat.observe(0.02, 4)
+    assert flat.fit() is None
+    noisy = VerifyCost()  # more tokens, less time: noise, not a cost
+    for v in range(1, 20):
+        noisy.observe(0.05 - 0.001 * v, v)
+    assert noisy.fit() is None
+
+
+def test_draft_lengths_maximise_the_steps_expected_tokens_per_second():
+    """Against every choice of lengths (brute force); rows: (rate, short, longest)."""
+    rows = [(0.95, 3, 9), (0.7, 3, 9), (0.4, 2, 6), (0.0, 3, 9)]
+    tokens, seconds = 4 + 3.0 + 2.2 + 1.0, 0.03
+
+    def rate(lengths: tuple[int, ...], per_token: float) -> float:
+        gain = sum(a ** (j + 1) for (a, short, _), m in zip(rows, lengths) for j in range(short, m))
+        extra = sum(m - short for (_, short, _), m in zip(rows, lengths))
+        return (tokens + gain) / (seconds + per_token * extra)
+
+    for per_token in (1e-5, 5e-4, 2e-3, 1e-2, 1.0):
+        choices = itertools.product(*(range(short, longest + 1) for _, short, longest in rows))
+        best = max(rate(c, per_token) for c in choices)
+        lengths = draft_lengths(rows, tokens, seconds, per_token)
+        assert rate(tuple(lengths), per_token) == pytest.approx(best), per_token
+        assert lengths[3] == 3  # nothing accepted there: never drafted further, however cheap
+    assert draft_lengths(rows, tokens, seconds, 1e-7)[:3] == [9, 9, 6]
+    assert draft_lengths(rows, tokens, seconds, 1.0) == [3, 3, 2, 3]
+    assert draft_lengths([], tokens, seconds, 1e-3) == []
+
+
+def test_a_sources_acceptance_rate_counts_its_own_tokens_agreed_and_refused():
+    scores = SourceScores()
+    assert scores.acceptance("r", "history") == 0.0  # nothing scored
+    # history's own 2 tokens then the model's 9: both of history's agreed, none refused
+    scores.offer("r", "history", [1, 2, 9], at=4, own=2)
+    scores.score("r", [1, 2, 3], at=7)
+    assert scores.acceptance("r", "history") == 1.0
+    # refused at the second token: 1 agreed, 1 refused, the first scoring decayed
+    scores.offer("r", "history", [4, 5, 6], at=7)
+    scores.score("r", [4, 7], at=9)
+    assert scores.acceptance("r", "history") == pytest.approx((0.8 * 2 + 1) / (0.8 * 2 + 1 + 1))
+    # cut by the tokens emitted (1 agreed): nothing refused
+    refused = scores._runs["r"]["history"][1]
+    scores.offer("r", "history", [8, 8, 8], at=9)
+    scores.score("r", [8], at=10)
+    assert scores._runs["r"]["history"][1] == pytest.approx(0.8 * refused)
+    # a new request starts from the replica's rate
+    assert 0 < scores.acceptance("new", "history") < 1
 
 
 def test_a_match_shorter_than_min_draft_leaves_the_models_draft():

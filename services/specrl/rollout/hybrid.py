@@ -24,9 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+import numpy as np
+
 SOURCES = ("history", "model")
 DECAY = 0.5  # a request's score: its last few steps (a span repeated, or not)
 PRIOR_DECAY = 0.95  # the replica's scores, where a request starts
+RUN_DECAY = 0.8  # a request's acceptance rate: about its last 5 drafts
+RUN_START = (1 - PRIOR_DECAY) / (1 - RUN_DECAY)  # the replica's rate, weighted as 5 drafts
 # steps in a row that every request drafts from history (the draft model's first pass
 # only) before one where the draft model drafts too and is measured again (its weights
 # may have been updated since)
@@ -45,15 +49,20 @@ def agreed(draft: Sequence[int], emitted: Sequence[int]) -> int:
 
 class SourceScores:
     """Per request, a moving average of the tokens each source's drafts agreed with the
-    tokens emitted after them; the replica's own over every request as the start. An
-    offer is scored only against the step right after it (`at`: the request's tokens
-    when it was offered; a step the drafter skipped would misalign them)."""
+    tokens emitted after them, and each source's acceptance rate per draft position (its
+    own tokens agreed over those agreed and those refused: the estimate of a geometric
+    rate from censored runs, a run cut by the tokens emitted or the draft's end refusing
+    nothing); the replica's own over every request as the start. An offer is scored only
+    against the step right after it (`at`: the request's tokens when it was offered; a
+    step the drafter skipped would misalign them)."""
 
     def __init__(self) -> None:
         self.prior = dict.fromkeys(SOURCES, 0.0)
         self.measured = dict.fromkeys(SOURCES, 0)  # drafts scored, over the replica
+        self.prior_runs = {source: [0.0, 0.0] for source in SOURCES}  # (agreed, refused)
         self._scores: dict[str, dict[str, float]] = {}
-        self._offered: dict[str, tuple[int, dict[str, list[int]]]] = {}
+        self._runs: dict[str, dict[str, list[float]]] = {}
+        self._offered: dict[str, tuple[int, dict[str, tuple[list[int], int]]]] = {}
 
     def score(self, req: str, emitted: Sequence[int], at: int) -> None:
         """The tokens `req`'s last step emitted, `at` its tokens now: every draft offered
@@ -62,23 +71,35 @@ class SourceScores:
         if offered_at != at - len(emitted):
             return
         scores = self._scores.setdefault(req, dict(self.prior))
-        for source, draft in drafts.items():
+        runs = self._runs.setdefault(req, {s: [RUN_START * v for v in self.prior_runs[s]] for s in SOURCES})
+        for source, (draft, own) in drafts.items():
             n = agreed(draft, emitted)
             scores[source] = DECAY * scores[source] + (1 - DECAY) * n
             self.prior[source] = PRIOR_DECAY * self.prior[source] + (1 - PRIOR_DECAY) * n
             self.measured[source] += 1
+            run = (min(n, own), float(n < min(own, len(emitted))))
+            for total, decay in ((runs[source], RUN_DECAY), (self.prior_runs[source], PRIOR_DECAY)):
+                total[:] = [decay * t + x for t, x in zip(total, run)]
 
-    def offer(self, req: str, source: str, draft: Sequence[int], at: int) -> None:
+    def offer(self, req: str, source: str, draft: Sequence[int], at: int, own: int | None = None) -> None:
         """`source` drafted `draft` for `req`'s next step (verified or not), `at` the
-        request's tokens so far."""
+        request's tokens so far; `own`: its leading tokens that are the source's own (the
+        rest filled by the other source; None: all)."""
         offered_at, drafts = self._offered.setdefault(req, (at, {}))
         if offered_at != at:  # left over from a step that was not scored
             self._offered[req] = offered_at, drafts = at, {}
-        drafts[source] = list(draft)
+        drafts[source] = list(draft), len(draft) if own is None else own
 
     def expected(self, req: str) -> dict[str, float]:
         """Tokens each source's next draft for `req` is expected to have accepted."""
         return self._scores.get(req, self.prior)
+
+    def acceptance(self, req: str, source: str) -> float:
+        """The rate at which `source`'s draft tokens are accepted on `req`, position by
+        position (0 before any was scored)."""
+        runs = self._runs.get(req)
+        agreed_, refused = runs[source] if runs else self.prior_runs[source]
+        return agreed_ / (agreed_ + refused) if agreed_ + refused else 0.0
 
     def prefers_history(self, req: str) -> bool:
         if not self.measured["model"]:  # never measured here: it drafts, and is measured
@@ -88,7 +109,7 @@ class SourceScores:
 
     def retain(self, reqs: Collection[str]) -> None:
         """Forget the requests not in `reqs` (they ended)."""
-        for table in (self._scores, self._offered):
+        for table in (self._scores, self._runs, self._offered):
             for req in table.keys() - reqs:
                 del table[req]
 
@@ -121,50 +142,68 @@ class StepCosts:
         return tokens_first_pass / (self.rest + first) >= tokens_full / (self.rest + full)
 
 
-class DraftLengths:
-    """Whether history drafting past the draft model's k (history.hybrid_max_draft) pays
-    at a batch size, from measured tokens per second: a longer draft emits more tokens a
-    step where history repeats, and costs a verifier forward over more tokens for every
-    row that drafts long; a small batch's forward costs about the same for 4 tokens a row
-    as for 9, a large one's does not (with long drafts always on, RL-Zero was faster than
-    EAGLE-3 alone at c=1 and slower at c=64: docs/draft.md). Each engine step is
-    attributed to the choice made when its drafts were made: the tokens it emitted over
-    the time from that proposal to the next.
-    A step counts as long if any row drafted past the model's k, whatever was chosen. Per
-    batch size (powers of two), the choice with the higher moving average; each is tried
-    where it has not been, and the other every REMEASURE_EVERY steps."""
+class VerifyCost:
+    """What verifying one more draft token adds to an engine step, fitted to the steps as
+    they run: the step's seconds outside the draft model (the target's forward over the
+    verified tokens, sampling, bookkeeping) against the tokens it verified (each row's
+    sampled token and its draft), rest = a + b * verified, by least squares over recent
+    steps (exponentially weighted). A small batch's forward costs about the same for 4
+    tokens a row as for 9 (b small), a large one's does not. Unknown (None) until
+    MIN_STEPS steps with different token counts have been timed, or where the fit's
+    slope is negative (noise, about no cost at all): then history drafts as far as it
+    offers, which also gives the fit steps of different token counts."""
+
+    MIN_STEPS = 8
+    DECAY = 0.98  # about the last 50 steps
 
     def __init__(self) -> None:
-        self.rate: dict[tuple[int, bool], float] = {}
-        self._since: dict[int, int] = {}  # steps since the other choice was tried, per size
-        self._last: tuple[float, int, bool] | None = None  # (when, size, long) of the last proposal
+        self.steps = 0
+        self._moments = np.zeros((3, 3))  # weighted sums of [1, v, rest] x [1, v, rest]
 
-    def observe(self, emitted: int, now: float, continued: bool) -> None:
-        """`emitted`: tokens the step just verified emitted; `now`: its next proposal;
-        `continued`: a request of the last proposal's step is still running (otherwise the
-        engine may have waited idle in between)."""
-        if self._last is not None and continued and now > self._last[0]:
-            when, size, long = self._last
-            self.rate[size, long] = _ema(self.rate.get((size, long)), emitted / (now - when))
-        self._last = None
+    def observe(self, rest_s: float, verified: int) -> None:
+        x = np.array([1.0, float(verified), rest_s])
+        self._moments = self.DECAY * self._moments + np.outer(x, x)
+        self.steps += 1
 
-    def choose(self, batch: int) -> bool:
-        """Whether this step's rows may draft from history past the draft model's k."""
-        size = batch.bit_length()
-        long, short = self.rate.get((size, True)), self.rate.get((size, False))
-        if long is None or short is None:
-            return long is None
-        self._since[size] = self._since.get(size, 0) + 1
-        if self._since[size] > REMEASURE_EVERY:
-            self._since[size] = 0
-            return long < short
-        return long >= short
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b) of rest = a + b * verified, or None (class docstring)."""
+        (n, sv, sr), (_, svv, svr) = self._moments[0], self._moments[1]
+        spread = n * svv - sv * sv  # n^2 x the (weighted) variance of the verified tokens
+        if self.steps < self.MIN_STEPS or spread <= 1e-9 * n * n:
+            return None
+        b = (n * svr - sv * sr) / spread
+        return None if b < 0 else ((sr - b * sv) / n, b)
 
-    def proposed(self, batch: int, now: float, long: bool) -> None:
-        """A step of `batch` rows proposed its drafts at `now`, some row's past the draft
-        model's k (`long`) or none (a step where no row had such a draft is a short one,
-        whatever was chosen)."""
-        self._last = (now, batch.bit_length(), long)
+
+def draft_lengths(
+    rows: list[tuple[float, int, int]], tokens: float, seconds: float, per_token: float
+) -> list[int]:
+    """How far each history-drafted row drafts: `rows` holds (history's acceptance rate on
+    the request, the length it drafts anyway, the longest history offers), `tokens` and
+    `seconds` the step's expected tokens and time at those lengths, `per_token` what a
+    verified token adds (VerifyCost). With acceptance rate a, draft position j is
+    accepted with probability a^j (it and every one before it) at the cost of one more
+    verified token; a step emits the most tokens per second when exactly the positions
+    with a^j x seconds >= per_token x tokens are drafted, its own tokens and seconds with
+    them: a threshold that depends on the choice, so it is iterated to the fixed point
+    (Dinkelbach's method for a ratio, which converges in a few rounds). A position
+    nothing accepts is never drafted, even where verifying is free."""
+    lengths = [short for _, short, _ in rows]
+    total_tokens, total_seconds = tokens, seconds
+    for _ in range(8):
+        chosen = []
+        for rate, short, longest in rows:
+            m = short
+            while m < longest and rate > 0 and rate ** (m + 1) * total_seconds >= per_token * total_tokens:
+                m += 1
+            chosen.append(m)
+        if chosen == lengths:
+            break
+        lengths = chosen
+        gain = sum(rate ** (j + 1) for (rate, short, _), m in zip(rows, lengths) for j in range(short, m))
+        extra = sum(m - short for (_, short, _), m in zip(rows, lengths))
+        total_tokens, total_seconds = tokens + gain, seconds + per_token * extra
+    return lengths
 
 
 def _ema(average: float | None, x: float, decay: float = 0.9) -> float:

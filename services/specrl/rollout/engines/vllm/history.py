@@ -29,7 +29,10 @@ first and the model's after them. History may draft past the draft model's k
 (`history.hybrid_max_draft`: the engine is built for the longer draft, the model asked
 for its own k): where a request repeats its history, a step then emits more tokens than
 the model's sequential positions could, at the price of verifying them, which a large
-batch pays for; whether it does at the step's batch size is measured (DraftLengths).
+batch pays for. Each row's draft reaches as far as its positions pay: position j is
+accepted with probability a^j (a: history's acceptance rate on the request, SourceScores)
+and costs one more verified token, whose seconds are fitted to the steps as they run
+(VerifyCost); the step's expected tokens per second decide (draft_lengths).
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
 both drafts are deterministic functions of the request's tokens so far, and the choice
@@ -51,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from specrl.rollout.history import HistoryIndex
-from specrl.rollout.hybrid import REMEASURE_EVERY, DraftLengths, SourceScores, StepCosts
+from specrl.rollout.hybrid import REMEASURE_EVERY, SourceScores, StepCosts, VerifyCost, draft_lengths
 
 PROPOSER = f"{__name__}.HistoryProposer"
 
@@ -142,29 +145,23 @@ def install_hybrid(
     model_k = history.k if model_k is None else model_k
     history.attach(runner, settings)
     scores, costs = SourceScores(), StepCosts()
-    lengths = DraftLengths() if history.k > model_k else None
-    proposed_for: set[str] = set()  # the requests of the last step drafted
+    verify = VerifyCost() if history.k > model_k else None
     propose_model = runner.propose_draft_token_ids
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
+    last: tuple[set[str], int] = (set(), 0)  # the last step's requests and tokens to verify
 
     def propose_draft_token_ids(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
-        nonlocal streak, returned_at, proposed_for
+        nonlocal streak, returned_at, last
         called_at = time.perf_counter()
         rest_s = None if returned_at is None else called_at - returned_at
         batch = runner.input_batch
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)  # the draft model's
-        may_draft_long = False  # history past the draft model's k, where measured to pay
-        if lengths is not None:
-            emitted = sum(len(sampled) for sampled in sampled_token_ids)
-            lengths.observe(emitted, called_at, continued=not proposed_for.isdisjoint(batch.req_ids))
-            may_draft_long = k > 0 and lengths.choose(len(sampled_token_ids))
+        longest = k + history.k - model_k if k else 0  # history's, past the model's if allowed
+        if verify is not None and rest_s is not None and not last[0].isdisjoint(batch.req_ids):
+            verify.observe(rest_s, last[1])  # a request carried over: the engine did not idle
         found = history.propose(
-            sampled_token_ids,
-            batch.num_tokens_no_spec,
-            batch.token_ids_cpu,
-            k=k + history.k - model_k if may_draft_long else k,
-            min_depth=min_match,
+            sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=longest, min_depth=min_match
         )
         scores.retain(runner.requests.keys())
         live = [i for i, sampled in enumerate(sampled_token_ids) if len(sampled)]
@@ -173,17 +170,40 @@ def install_hybrid(
             scores.score(batch.req_ids[i], sampled_token_ids[i], at[i])
         candidates = {i for i in live if len(found[i]) >= min_draft}
         chosen = [i for i in sorted(candidates) if scores.prefers_history(batch.req_ids[i])]
-        if k > 0 and candidates and streak < REMEASURE_EVERY and scores.measured["model"]:
-            # tokens each row is expected to emit: without the model's positions, history's
-            # draft or none (a row without a candidate emits its one sampled token); with
-            # them, the better source's
-            expected = {i: scores.expected(batch.req_ids[i]) for i in live}
-            first_pass_only = costs.first_pass_pays(
-                sum(1 + expected[i]["history"] for i in candidates) + len(live) - len(candidates),
-                sum(1 + (max(e.values()) if i in candidates else e["model"]) for i, e in expected.items()),
-            )
-        else:
-            first_pass_only = False
+        # tokens each row is expected to emit: without the model's positions, history's
+        # draft or none (a row without a candidate emits its one sampled token); with them,
+        # the better source's
+        expected = {i: scores.expected(batch.req_ids[i]) for i in live}
+        tokens_first_pass = sum(1 + expected[i]["history"] for i in candidates) + len(live) - len(candidates)
+        tokens_full = sum(
+            1 + (max(e.values()) if i in candidates else e["model"]) for i, e in expected.items()
+        )
+        first_pass_only = (
+            k > 0
+            and bool(candidates)
+            and streak < REMEASURE_EVERY
+            and bool(scores.measured["model"])
+            and costs.first_pass_pays(tokens_first_pass, tokens_full)
+        )
+        path = "first_pass" if first_pass_only else "full"
+        # how far each row that takes history's draft drafts: to the model's k, or past it
+        # where the positions' expected acceptance pays for verifying them (draft_lengths)
+        takes = sorted(candidates) if first_pass_only else chosen
+        reach = {}  # row -> its draft's length, where history drafts past the model's k
+        if verify is not None and takes:
+            # at the model's k: history's draft alone, or the model's k with history's first
+            short = {i: min(len(found[i]), k) if first_pass_only else k for i in takes}
+            rows = [(scores.acceptance(batch.req_ids[i], "history"), short[i], len(found[i])) for i in takes]
+            fit = verify.fit()
+            if fit is None:  # verification's cost unknown: as far as history drafts, to be timed
+                reach = dict(zip(takes, draft_lengths(rows, 1.0, 1.0, 0.0)))
+            else:
+                a, b = fit
+                verified = sum(1 + (short.get(i, 0) if first_pass_only else k) for i in live)
+                seconds = a + b * verified + (costs.draft[path] or 0.0)
+                tokens = tokens_first_pass if first_pass_only else tokens_full
+                reach = dict(zip(takes, draft_lengths(rows, tokens, seconds, b)))
+        found = [draft[: reach.get(i, k)] for i, draft in enumerate(found)]
         if first_pass_only:
             # every request drafts from history: the draft model runs its first pass only
             # (its KV cache kept current), not its k - 1 sequential forwards
@@ -220,14 +240,11 @@ def install_hybrid(
                 scores.offer(batch.req_ids[i], "model", drafts[i], at[i])
             for i in candidates:  # history's draft, the model's after it: what would be verified
                 row = found[i] + drafts[i][len(found[i]) :]
-                scores.offer(batch.req_ids[i], "history", row, at[i])
+                scores.offer(batch.req_ids[i], "history", row, at[i], own=len(found[i]))
                 if i in chosen:
                     drafts[i] = row
-        if lengths is not None:  # the step is long if a row drafts past the model's k
-            drafted_long = any(len(row) > k for row in drafts)
-            lengths.proposed(len(sampled_token_ids), called_at, drafted_long)
-            history.rows["long_drafts"] += drafted_long
-            proposed_for = set(batch.req_ids)
+        history.rows["long_drafts"] += any(len(row) > k for row in drafts)  # past the model's k
+        last = set(batch.req_ids), sum(1 + len(drafts[i]) for i in live)
         returned_at = time.perf_counter()
         return drafts
 
