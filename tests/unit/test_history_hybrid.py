@@ -258,6 +258,24 @@ def test_the_first_pass_path_is_chosen_by_expected_tokens_per_second():
     assert not costs.first_pass_pays(3.0, 3.6)
 
 
+def test_a_step_after_the_engine_may_have_idled_times_nothing(monkeypatch):
+    """The time between one step's drafts and the next proposal is the step's (StepCosts,
+    VerifyCost) only where a request carried over; a batch of new requests may follow an
+    idle engine (a bench's rounds: seconds no step cost, which once swamped the averages
+    and kept the draft model drafting)."""
+    timed = []
+    observe = StepCosts.observe
+    monkeypatch.setattr(
+        StepCosts, "observe", lambda self, path, d, rest: timed.append(rest) or observe(self, path, d, rest)
+    )
+    runner, _ = _hybrid(min_draft=1)  # "a" and "m", then "m" again: carried over
+    assert timed[0] is None and timed[1] is not None
+    runner.step({"b": [*PROMPT, 5]}, [[5]])  # only new requests: the engine may have idled
+    assert timed[2] is None
+    runner.step({"b": [*PROMPT, 5, 6]}, [[6]])
+    assert timed[3] is not None
+
+
 def test_the_draft_model_drafts_again_after_a_run_of_first_passes(monkeypatch):
     """After REMEASURE_EVERY steps of history alone, one step where the draft model drafts
     (and is scored) again: its weights may have changed since it was last measured."""

@@ -154,12 +154,16 @@ def install_hybrid(
     def propose_draft_token_ids(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
         nonlocal streak, returned_at, last
         called_at = time.perf_counter()
-        rest_s = None if returned_at is None else called_at - returned_at
         batch = runner.input_batch
+        # the step's time outside the drafters, where a request carried over from the last
+        # (otherwise the engine may have idled in between: between a bench's rounds,
+        # seconds that no step cost)
+        carried = returned_at is not None and not last[0].isdisjoint(batch.req_ids)
+        rest_s = called_at - returned_at if carried else None
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)  # the draft model's
         longest = k + history.k - model_k if k else 0  # history's, past the model's if allowed
-        if verify is not None and rest_s is not None and not last[0].isdisjoint(batch.req_ids):
-            verify.observe(rest_s, last[1])  # a request carried over: the engine did not idle
+        if verify is not None and rest_s is not None:
+            verify.observe(rest_s, last[1])
         found = history.propose(
             sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=longest, min_depth=min_match
         )
