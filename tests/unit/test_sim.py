@@ -116,7 +116,7 @@ def test_acceptance_length_by_hand_and_from_a_stated_length():
 def test_engine_costs_of_a_speculative_step_by_hand():
     costs = IDEAL.model_copy(
         update={"spec_step_overhead_s": 1e-3, "draft_overhead_s": 2e-4, "emit_overhead_s": 1e-5,
-                "layer_overhead_s": 3e-6, "ngram_lookup_s": 1e-8}
+                "layer_overhead_s": 3e-6, "ngram_lookup_s": 1e-8, "draft_model_overhead_s": 5e-4}
     )  # fmt: skip
     eagle = Speculation.from_acceptance_length("eagle3", 3, 2.5)
     plain, spec = Replica(QWEN3_8B, H100, costs), Replica(QWEN3_8B, H100, costs, speculation=eagle)
@@ -128,7 +128,14 @@ def test_engine_costs_of_a_speculative_step_by_hand():
     # the draft's first forward runs over the k+1 verified positions, then k-1 more of one
     drafts = forward(head, b, 4, c) + 2 * forward(head, b, 1, c) + 3 * (2e-4 + 3e-6 * head.layers)
     expected = forward(QWEN3_8B, b, 4, c) + layers + 1e-5 * b * 2.5 + 1e-3 + drafts
-    assert spec.step_seconds(b, c) == pytest.approx(expected)
+    assert spec.step_seconds(b, c) == pytest.approx(expected)  # no external draft's cost
+    # an external draft model: its own forwards, each with the fixed cost of one more
+    external = eagle.model_copy(update={"method": "draft_model"})
+    small = Replica(QWEN3_8B, H100, costs, speculation=external)
+    d = small.draft
+    drafts = forward(d, b, 4, c) + 2 * forward(d, b, 1, c) + 3 * (2e-4 + 5e-4 + 3e-6 * d.layers)
+    expected = forward(QWEN3_8B, b, 4, c) + layers + 1e-5 * b * 2.5 + 1e-3 + drafts
+    assert small.step_seconds(b, c) == pytest.approx(expected)
     # n-gram: no device draft, a host lookup over every sequence's context
     ngram = Replica(QWEN3_8B, H100, costs, speculation=eagle.model_copy(update={"method": "ngram"}))
     lookup = forward(QWEN3_8B, b, 4, c) + layers + 1e-5 * b * 2.5 + 1e-3 + 1e-8 * b * c
@@ -276,7 +283,8 @@ def test_calibration_fits_the_committed_cpu_measurements():
     # bounds stated in docs/simulator.md ("calibration")
     decode = report["decode_fit"]
     assert decode["points"] >= 50
-    assert decode["rms_rel_error"] <= 0.25 and decode["held_out"]["rms_rel_error"] <= 0.25
+    # held out under 20%: issue 34's goal
+    assert decode["rms_rel_error"] <= 0.20 and decode["held_out"]["rms_rel_error"] < 0.20
     # held out means fitted without the row: not the in-sample errors again, and no better
     assert any(r["held_out_rel_error"] != r["rel_error"] for r in decode["rows"])
     assert decode["held_out"]["rms_rel_error"] >= decode["rms_rel_error"]

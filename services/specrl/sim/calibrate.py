@@ -5,8 +5,9 @@ so it is where the model's functional form is tested:
   1. decode: every `specrl bench rollout` row with a per-step cost (AR, EAGLE-3 domain
      and generic, draft model; n-gram is left out because its ms_per_engine_step does
      not count the steps that drafted nothing) is predicted from the zoo model's shape
-     with five free constants (compute efficiency and the costs per step, per draft
-     forward, per emitted token and per layer of a forward), fitted by least squares on
+     with six free constants (compute efficiency and the costs per step, per draft
+     forward, per emitted token, per layer of a forward and what an external draft
+     model's forward costs beyond an EAGLE-3 head's), fitted by least squares on
      log(predicted / measured); each row is also predicted held out (the fit without it);
   2. trainer: two constants, the MFU of the forward-only logprob pass and of the
      training pass, fitted to the logprob and train times of the synchronous
@@ -41,8 +42,15 @@ TARGET = "zoo-target"
 # "Q: 16+18=?\nA:": the zoo task's prompts (one operation, build 3) average 12.0
 # characters, which are its tokens
 PROMPT_TOKENS = 12
-DECODE_FIT = ("compute_eff", "step_overhead_s", "draft_overhead_s", "emit_overhead_s", "layer_overhead_s")
-DECODE_START = (0.1, 1e-2, 1e-3, 1e-4, 1e-4)
+DECODE_FIT = (
+    "compute_eff",
+    "step_overhead_s",
+    "draft_overhead_s",
+    "emit_overhead_s",
+    "layer_overhead_s",
+    "draft_model_overhead_s",
+)
+DECODE_START = (0.1, 1e-2, 1e-3, 1e-4, 1e-4, 1e-3)
 TRAINER_FIT = ("logprob_mfu", "train_mfu")
 METHODS = {"ar": "none", "eagle3": "eagle3", "draft_model": "draft_model"}
 # The step benchmark's job (examples/tiny-rl-zero.yaml): 32 prompts x 8, <= 48 tokens,

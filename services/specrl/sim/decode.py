@@ -147,8 +147,11 @@ class Replica:
             draft = self.draft
             step += eff.spec_step_overhead_s
             if draft is not None:  # the first forward runs over the step's k+1 verified positions
-                step += self.forward_seconds(draft, batch, k + 1, context) + eff.draft_overhead_s
-                step += (k - 1) * (self.forward_seconds(draft, batch, 1, context) + eff.draft_overhead_s)
+                fixed = eff.draft_overhead_s
+                if self.speculation.method == "draft_model":
+                    fixed += eff.draft_model_overhead_s
+                step += self.forward_seconds(draft, batch, k + 1, context) + fixed
+                step += (k - 1) * (self.forward_seconds(draft, batch, 1, context) + fixed)
             elif self.speculation.method == "ngram":  # the lookup scans each context on the host
                 step += eff.ngram_lookup_s * batch * context
         return step

@@ -47,6 +47,13 @@ class Efficiency(BaseModel):
         2e-3, ge=0, description="fixed cost of one engine step (scheduler, sampler)"
     )
     draft_overhead_s: float = Field(3e-4, ge=0, description="fixed cost of one sequential draft forward")
+    # vLLM runs an external draft model (speculation method draft_model) as a model of its
+    # own, with its own inputs and KV cache; on the CPU testbed each of its forwards cost
+    # ~5 ms more than the roofline and an EAGLE-3 head's fixed cost say (fitted to the
+    # draft-model rows of `bench rollout`; not profiled). No GPU measurement: 0 there.
+    draft_model_overhead_s: float = Field(
+        0.0, ge=0, description="fixed cost an external draft model's forward adds to draft_overhead_s"
+    )
     token_overhead_s: float = Field(0.0, ge=0, description="cost per query token per step (bookkeeping)")
     layer_overhead_s: float = Field(
         0.0, ge=0, description="fixed cost per layer of a forward (op dispatch, launches)"
