@@ -88,6 +88,8 @@ def test_a_denied_watch_is_reported_and_nothing_is_assumed(tmp_path, monkeypatch
     watch = open_discovery(SPEC, every_s=10.0)
     try:
         wait_for(lambda: fake.denied, 10, "the denied list")
+        # the fake counts the denial before its reply reaches the watch thread
+        wait_for(lambda: "403" in watch._error, 10, "the denial to be recorded")
         with pytest.raises(DiscoveryError, match="403"):
             watch()
     finally:

@@ -251,25 +251,32 @@ class System:
     def check_alive(self) -> None:
         """Start a dead rollout server again on its address while it has restarts left
         (not waiting for it: the generators retry it, the loop catches it up); raise
-        ServiceDied, naming it and its log tail, for any other service started here that
-        exited (the run stops with its state kept; `specrl run --resume` continues)."""
+        ServiceDied, naming it and its log tail, for one out of restarts and for any
+        other service started here that exited (the run stops with its state kept;
+        `specrl run --resume` continues)."""
         for p in self.rollout:
             if p.port is None:  # still starting (a replica the autoscaler added)
                 continue
-            code = p.exit_code()
-            if code is not None and self._restarts[p.address] < self._max_restarts:
-                n = self._restarts[p.address] = self._restarts[p.address] + 1
-                log.warning(
-                    "rollout server %s exited with %s: starting it again (restart %d of %d); log tail:\n%s",
-                    p.address, code, n, self._max_restarts, p.log_tail(10),
-                )  # fmt: skip
-                p.start(wait=False)
+            # read once: a server that dies between two reads must not be taken as
+            # alive by the restart and dead by the check that stops the run
+            if (code := p.exit_code()) is None:
+                continue
+            if self._restarts[p.address] >= self._max_restarts:
+                raise ServiceDied(
+                    f"rollout server {p.address} exited with {code} after {self._max_restarts} "
+                    f"restarts; log tail:\n{p.log_tail()}"
+                )
+            n = self._restarts[p.address] = self._restarts[p.address] + 1
+            log.warning(
+                "rollout server %s exited with %s: starting it again (restart %d of %d); log tail:\n%s",
+                p.address, code, n, self._max_restarts, p.log_tail(10),
+            )  # fmt: skip
+            p.start(wait=False)
         named: list[tuple[str, Service | RedisServer]] = [
             (f"trainer rank {i}", p) for i, p in enumerate(self.trainer)
         ]
         if self.draft_trainer is not None:
             named.append(("draft-trainer", self.draft_trainer))
-        named += [(f"rollout server {p.address}", p) for p in self.rollout if p.port is not None]
         if self.redis is not None:
             named.append(("redis", self.redis))
         for what, p in named:
