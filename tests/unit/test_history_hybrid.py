@@ -80,7 +80,7 @@ def _hybrid(min_draft: int, min_match: int = 1) -> tuple[_Runner, object]:
 
 def _model_drafts_every_step(monkeypatch) -> None:
     """History alone expected slower in every step (StepCosts): the draft model drafts."""
-    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, first_pass, full: False)
+    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *tokens_and_rest: False)
 
 
 def test_a_row_with_history_takes_its_draft_and_the_model_fills_the_rest(monkeypatch):
@@ -150,6 +150,26 @@ def test_verification_cost_is_fitted_to_the_steps_timed():
     for v in range(1, 20):
         noisy.observe(0.05 - 0.001 * v, v)
     assert noisy.fit() is None
+
+
+def test_a_slope_the_steps_do_not_resolve_is_no_cost():
+    """In the same noise: one odd step among many alike (a line through it has a slope:
+    the CPU testbed's c=1 steps had fitted 3 ms a token that way); steps of many sizes
+    that cost alike; and steps of many sizes on a real slope, the only one fitted."""
+    noise = [0.003 * np.sin(7.0 * i) for i in range(60)]
+    sizes = [4] * 60
+    sizes[50] = 7
+    odd, flat, sloped = VerifyCost(), VerifyCost(), VerifyCost()
+    for v, e in zip(sizes, noise):
+        odd.observe(0.013 + e + (0.007 if v == 7 else 0.0), v)
+    assert odd.fit() is None
+    sizes = [200 + (37 * i) % 100 for i in range(60)]  # a large batch's rows vary
+    for v, e in zip(sizes, noise):
+        flat.observe(0.013 + e, v)
+        sloped.observe(0.015 + 1e-4 * v + e, v)
+    assert flat.fit() is None
+    b = sloped.fit()[1]
+    assert b == pytest.approx(1e-4, rel=0.3)
 
 
 def test_draft_lengths_maximise_the_steps_expected_tokens_per_second():
@@ -230,8 +250,22 @@ def test_where_history_alone_pays_a_row_without_a_history_draft_drafts_nothing(m
     assert drafts == [[7, 8], [], []] and runner.model_k[-1] == 0
     assert history.rows["first_pass_only"] == 1 and history.rows["history"] == 1
     # expected tokens: "b" 1 + history's 0 (the replica's prior), "c" and "d" 1 each,
-    # against 1 + the better source's 0 each (the model measured at 0 on "m")
-    assert asked[-1] == (pytest.approx(3.0), pytest.approx(3.0))
+    # against 1 + the better source's 0 each (the model measured at 0 on "m"); the
+    # verification's cost not fitted: each path's time the average step's
+    assert asked[-1] == (pytest.approx(3.0), pytest.approx(3.0), None)
+
+
+def test_where_verification_is_fitted_each_path_is_timed_at_the_tokens_it_verifies(monkeypatch):
+    """History alone verifies "b"'s 2 drafted tokens and one sampled token a row; the
+    draft model's path k = 3 drafted tokens a row as well: 1 + 2 + 1 + 1 = 5 tokens
+    against 3 x 4 = 12, at 10 ms a step and 1 ms a token."""
+    asked = []
+    pays = StepCosts.first_pass_pays
+    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *a: asked.append(a) or pays(self, *a))
+    monkeypatch.setattr(VerifyCost, "fit", lambda self: (0.010, 0.001))
+    runner, _ = _hybrid(min_draft=2)
+    runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24], "d": [*PROMPT, 5, 6, 7]}, [[6], [24], [7]])
+    assert asked[-1][2] == (pytest.approx(0.015), pytest.approx(0.022))
 
 
 def test_when_history_alone_would_be_slower_the_draft_model_drafts_and_rows_take_the_better(monkeypatch):
@@ -256,6 +290,10 @@ def test_the_first_pass_path_is_chosen_by_expected_tokens_per_second():
     assert costs.first_pass_pays(3.0, 3.6)
     costs.draft["full"] = 0.15  # a cheap draft model: 3 in 0.3 s against 3.6 in 0.35 s
     assert not costs.first_pass_pays(3.0, 3.6)
+    # each path at its own time outside the draft model (VerifyCost's fit at the tokens
+    # each verifies): 3 in 0.2 + 0.1 s against 3.6 in 0.3 + 0.15 s; and the other way
+    assert costs.first_pass_pays(3.0, 3.6, rest=(0.2, 0.3))
+    assert not costs.first_pass_pays(3.0, 3.6, rest=(0.3, 0.2))
 
 
 def test_a_step_after_the_engine_may_have_idled_times_nothing(monkeypatch):

@@ -132,14 +132,20 @@ class StepCosts:
         if rest_s is not None:
             self.rest = _ema(self.rest, rest_s)
 
-    def first_pass_pays(self, tokens_first_pass: float, tokens_full: float) -> bool:
+    def first_pass_pays(
+        self, tokens_first_pass: float, tokens_full: float, rest: tuple[float, float] | None = None
+    ) -> bool:
         """Whether a step of history's drafts alone, expected to emit `tokens_first_pass`
         tokens, is expected to be faster than one with the draft model's (`tokens_full`);
-        True while the first-pass path has not been timed (so it is)."""
+        `rest`: each path's seconds outside the draft model where known (VerifyCost's fit
+        at the tokens each would verify: in a large batch history's drafts and the
+        model's do not cost the same to verify), else the average step's; True while a
+        path has not been timed (so it is)."""
         first, full = self.draft["first_pass"], self.draft["full"]
-        if first is None or full is None or self.rest is None:
+        rest_first, rest_full = rest or (self.rest, self.rest)
+        if first is None or full is None or rest_first is None or rest_full is None:
             return True
-        return tokens_first_pass / (self.rest + first) >= tokens_full / (self.rest + full)
+        return tokens_first_pass / (rest_first + first) >= tokens_full / (rest_full + full)
 
 
 class VerifyCost:
@@ -149,11 +155,15 @@ class VerifyCost:
     sampled token and its draft), rest = a + b * verified, by least squares over recent
     steps (exponentially weighted). A small batch's forward costs about the same for 4
     tokens a row as for 9 (b small), a large one's does not. Unknown (None) until
-    MIN_STEPS steps with different token counts have been timed, or where the fit's
-    slope is negative (noise, about no cost at all): then history drafts as far as it
-    offers, which also gives the fit steps of different token counts."""
+    MIN_STEPS steps have been timed whose token counts spread by a token at least (a
+    step or two of another size among many alike draws the line through themselves: at
+    c=1 on the CPU testbed one step of 7 tokens among a hundred of 4 had fitted 3 ms a
+    token where a step costs as much for 9 tokens as for 4), or where the fit's slope is
+    under twice its standard error (noise about no cost): then history drafts as far as
+    it offers, which also gives the fit steps of different token counts."""
 
     MIN_STEPS = 8
+    MIN_SPREAD = 1.0  # tokens: the verified tokens' (weighted) standard deviation
     DECAY = 0.98  # about the last 50 steps
 
     def __init__(self) -> None:
@@ -167,12 +177,14 @@ class VerifyCost:
 
     def fit(self) -> tuple[float, float] | None:
         """(a, b) of rest = a + b * verified, or None (class docstring)."""
-        (n, sv, sr), (_, svv, svr) = self._moments[0], self._moments[1]
+        (n, sv, sr), (_, svv, svr), (_, _, srr) = self._moments
         spread = n * svv - sv * sv  # n^2 x the (weighted) variance of the verified tokens
-        if self.steps < self.MIN_STEPS or spread <= 1e-9 * n * n:
+        if self.steps < self.MIN_STEPS or spread < (self.MIN_SPREAD * n) ** 2:
             return None
         b = (n * svr - sv * sr) / spread
-        return None if b < 0 else ((sr - b * sv) / n, b)
+        a = (sr - b * sv) / n
+        residual = max(0.0, srr - a * sr - b * svr) / max(n - 2, 1.0)  # per step, weighted
+        return None if b < 2 * np.sqrt(residual * n / spread) else (a, b)
 
 
 def draft_lengths(

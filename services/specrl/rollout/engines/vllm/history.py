@@ -21,18 +21,20 @@ sources' drafts are scored every step, verified or not). When history's drafts a
 expected to give more tokens per second (their expected accepted tokens, none for a row
 without a candidate, over the step's time without the draft model's k - 1 positions,
 against the better source per row over the step's time with them, both times measured:
-StepCosts), the draft model runs its first pass only (over the tokens just verified, so
-its KV cache stays current): the hybrid then costs about what history alone does; every
-REMEASURE_EVERY such steps in a row it drafts once more, to be scored again. Otherwise
-the draft model drafts every row and the rows that take history get history's tokens
-first and the model's after them. History may draft past the draft model's k
-(`history.hybrid_max_draft`: the engine is built for the longer draft, the model asked
-for its own k): where a request repeats its history, a step then emits more tokens than
-the model's sequential positions could, at the price of verifying them, which a large
-batch pays for. Each row's draft reaches as far as its positions pay: position j is
-accepted with probability a^j (a: history's acceptance rate on the request, SourceScores)
-and costs one more verified token, whose seconds are fitted to the steps as they run
-(VerifyCost); the step's expected tokens per second decide (draft_lengths).
+StepCosts; each path's time outside the draft model at the tokens it verifies, where
+that cost is fitted: VerifyCost), the draft model runs its first pass only (over the
+tokens just verified, so its KV cache stays current): the hybrid then costs about what
+history alone does; every REMEASURE_EVERY such steps in a row it drafts once more, to
+be scored again. Otherwise the draft model drafts every row and the rows that take
+history get history's tokens first and the model's after them. History may draft past
+the draft model's k (`history.hybrid_max_draft`: the engine is built for the longer
+draft, the model asked for its own k): where a request repeats its history, a step
+then emits more tokens than the model's sequential positions could, at the price of
+verifying them, which a large batch pays for. Each row's draft reaches as far as its
+positions pay: position j is accepted with probability a^j (a: history's acceptance
+rate on the request, SourceScores) and costs one more verified token, whose seconds are
+fitted to the steps as they run (VerifyCost); the step's expected tokens per second
+decide (draft_lengths).
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
 both drafts are deterministic functions of the request's tokens so far, and the choice
@@ -145,7 +147,7 @@ def install_hybrid(
     model_k = history.k if model_k is None else model_k
     history.attach(runner, settings)
     scores, costs = SourceScores(), StepCosts()
-    verify = VerifyCost() if history.k > model_k else None
+    verify = VerifyCost()
     propose_model = runner.propose_draft_token_ids
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
@@ -162,7 +164,7 @@ def install_hybrid(
         rest_s = called_at - returned_at if carried else None
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)  # the draft model's
         longest = k + history.k - model_k if k else 0  # history's, past the model's if allowed
-        if verify is not None and rest_s is not None:
+        if rest_s is not None:
             verify.observe(rest_s, last[1])
         found = history.propose(
             sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=longest, min_depth=min_match
@@ -182,31 +184,34 @@ def install_hybrid(
         tokens_full = sum(
             1 + (max(e.values()) if i in candidates else e["model"]) for i, e in expected.items()
         )
+        # each path's seconds outside the draft model at the tokens it verifies up to the
+        # model's k (history's draft alone, or k a row), where verification is fitted
+        fit = verify.fit()
+        verified = (sum(1 + min(len(found[i]), k) for i in candidates) + len(live) - len(candidates),
+                    len(live) * (1 + k))  # fmt: skip
+        rest = None if fit is None else (fit[0] + fit[1] * verified[0], fit[0] + fit[1] * verified[1])
         first_pass_only = (
             k > 0
             and bool(candidates)
             and streak < REMEASURE_EVERY
             and bool(scores.measured["model"])
-            and costs.first_pass_pays(tokens_first_pass, tokens_full)
+            and costs.first_pass_pays(tokens_first_pass, tokens_full, rest)
         )
         path = "first_pass" if first_pass_only else "full"
         # how far each row that takes history's draft drafts: to the model's k, or past it
         # where the positions' expected acceptance pays for verifying them (draft_lengths)
         takes = sorted(candidates) if first_pass_only else chosen
         reach = {}  # row -> its draft's length, where history drafts past the model's k
-        if verify is not None and takes:
+        if longest > k and takes:
             # at the model's k: history's draft alone, or the model's k with history's first
             short = {i: min(len(found[i]), k) if first_pass_only else k for i in takes}
             rows = [(scores.acceptance(batch.req_ids[i], "history"), short[i], len(found[i])) for i in takes]
-            fit = verify.fit()
             if fit is None:  # verification's cost unknown: as far as history drafts, to be timed
                 reach = dict(zip(takes, draft_lengths(rows, 1.0, 1.0, 0.0)))
             else:
-                a, b = fit
-                verified = sum(1 + (short.get(i, 0) if first_pass_only else k) for i in live)
-                seconds = a + b * verified + (costs.draft[path] or 0.0)
+                seconds = rest[0 if first_pass_only else 1] + (costs.draft[path] or 0.0)
                 tokens = tokens_first_pass if first_pass_only else tokens_full
-                reach = dict(zip(takes, draft_lengths(rows, tokens, seconds, b)))
+                reach = dict(zip(takes, draft_lengths(rows, tokens, seconds, fit[1])))
         found = [draft[: reach.get(i, k)] for i, draft in enumerate(found)]
         if first_pass_only:
             # every request drafts from history: the draft model runs its first pass only
