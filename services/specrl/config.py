@@ -141,13 +141,6 @@ class HistoryConfig(StrictModel):
     # model still drafts num_speculative_tokens, so a request whose history repeats drafts
     # further than the model's sequential positions would pay for (None: the model's k).
     hybrid_max_draft: int | None = Field(None, ge=1, le=MAX_SPECULATIVE_TOKENS)
-    # In the steps of history's drafts alone, an EAGLE draft model's first pass (which
-    # writes its KV cache for the tokens just verified) waits for the next step it drafts
-    # and runs then over every token since, in one forward: a request history drafts to
-    # its end never pays for it. Kept meanwhile: the target's hidden states of those
-    # tokens (3 x hidden_size per token for EAGLE-3, REMEASURE_EVERY steps at most;
-    # rollout/engines/vllm/first_pass.py). A draft model of its own runs it every step.
-    hybrid_defer_first_pass: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> HistoryConfig:
@@ -161,7 +154,7 @@ class HistoryConfig(StrictModel):
 
     def index_settings(self) -> dict:
         """The settings of the index itself (specrl.rollout.history.HistoryIndex)."""
-        return self.model_dump(exclude={f for f in type(self).model_fields if f.startswith("hybrid")})
+        return self.model_dump(exclude={"hybrid", "hybrid_min_draft", "hybrid_min_match", "hybrid_max_draft"})
 
 
 class SpeculationConfig(StrictModel):

@@ -152,7 +152,6 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
             state = c.status().speculation
             assert state.history and state.history_rows > 0 and state.model_rows > 0, state
             assert state.first_pass_only_steps > 0, state  # and history alone, the model skipped
-            assert state.deferred_first_passes > 0, state  # its first pass caught up later
             assert state.long_draft_steps > 0, state  # and drafts past the model's k
 
 

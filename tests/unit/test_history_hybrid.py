@@ -296,19 +296,6 @@ def test_the_first_pass_path_is_chosen_by_expected_tokens_per_second():
     assert not costs.first_pass_pays(3.0, 3.6, rest=(0.3, 0.2))
 
 
-def test_a_deferred_first_pass_is_priced_at_its_share_of_the_pass_that_caught_it_up():
-    """Deferred, a step's first pass costs next to nothing then (keeping its inputs) and
-    its forward later: 12 tokens in 15 ms + 0.3 ms beat 14.8 in 15 + 7 ms, but not once
-    a later pass spent 20 ms on two deferred steps' tokens (10 ms each)."""
-    costs = StepCosts()
-    costs.observe("full", 0.007, 0.015)
-    costs.observe("first_pass", 0.0003, 0.015)
-    assert costs.first_pass_pays(12.0, 14.8)
-    costs.observe_catch_up(0.020, steps=2)
-    assert costs.catch_up == pytest.approx(0.010)
-    assert not costs.first_pass_pays(12.0, 14.8)
-
-
 def test_a_step_after_the_engine_may_have_idled_times_nothing(monkeypatch):
     """The time between one step's drafts and the next proposal is the step's (StepCosts,
     VerifyCost) only where a request carried over; a batch of new requests may follow an

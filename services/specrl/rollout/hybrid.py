@@ -121,25 +121,16 @@ class StepCosts:
     step should draft from history alone, skipping the draft model's k - 1 sequential
     positions, is a question of tokens per second, not of tokens alone: a history draft a
     little worse than the model's, or none for a row or two, still pays when it saves the
-    model's forwards (small batches, where a forward costs the same for 1 row as for 4).
-    A first pass deferred to a later pass (engines/vllm/first_pass.py) is paid there: that
-    pass's seconds for the deferred tokens, over the steps deferred since the last such
-    pass, are a deferred step's price (`catch_up`), added to the first-pass path's; a
-    request history drafts to its end never pays its share, which lowers that price."""
+    model's forwards (small batches, where a forward costs the same for 1 row as for 4)."""
 
     def __init__(self) -> None:
         self.rest: float | None = None
         self.draft: dict[str, float | None] = {"full": None, "first_pass": None}
-        self.catch_up: float | None = None
 
     def observe(self, path: str, draft_s: float, rest_s: float | None) -> None:
         self.draft[path] = _ema(self.draft[path], draft_s)
         if rest_s is not None:
             self.rest = _ema(self.rest, rest_s)
-
-    def observe_catch_up(self, seconds: float, steps: int) -> None:
-        """A pass spent `seconds` on first passes deferred over `steps` steps."""
-        self.catch_up = _ema(self.catch_up, seconds / max(steps, 1))
 
     def first_pass_pays(
         self, tokens_first_pass: float, tokens_full: float, rest: tuple[float, float] | None = None
@@ -154,7 +145,6 @@ class StepCosts:
         rest_first, rest_full = rest or (self.rest, self.rest)
         if first is None or full is None or rest_first is None or rest_full is None:
             return True
-        first += self.catch_up or 0.0
         return tokens_first_pass / (rest_first + first) >= tokens_full / (rest_full + full)
 
 

@@ -147,8 +147,6 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             history_tokens=history.get("tokens", 0),
             first_pass_only_steps=history.get("first_pass_only", 0),
             long_draft_steps=history.get("long_drafts", 0),
-            deferred_first_passes=history.get("deferred_first_passes", 0),
-            deferred_tokens_dropped=history.get("deferred_tokens_dropped", 0),
         )
 
     async def SetSpeculation(self, request, context):

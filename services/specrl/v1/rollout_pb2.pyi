@@ -44,7 +44,7 @@ class SetSpeculationRequest(_message.Message):
     def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ...) -> None: ...
 
 class SpeculationState(_message.Message):
-    __slots__ = ("k_schedule", "adaptive", "drafter_paused", "history", "history_rows", "model_rows", "history_tokens", "first_pass_only_steps", "long_draft_steps", "deferred_first_passes", "deferred_tokens_dropped")
+    __slots__ = ("k_schedule", "adaptive", "drafter_paused", "history", "history_rows", "model_rows", "history_tokens", "first_pass_only_steps", "long_draft_steps")
     K_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_PAUSED_FIELD_NUMBER: _ClassVar[int]
@@ -54,8 +54,6 @@ class SpeculationState(_message.Message):
     HISTORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FIRST_PASS_ONLY_STEPS_FIELD_NUMBER: _ClassVar[int]
     LONG_DRAFT_STEPS_FIELD_NUMBER: _ClassVar[int]
-    DEFERRED_FIRST_PASSES_FIELD_NUMBER: _ClassVar[int]
-    DEFERRED_TOKENS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     k_schedule: _containers.RepeatedCompositeFieldContainer[KRange]
     adaptive: bool
     drafter_paused: bool
@@ -65,9 +63,7 @@ class SpeculationState(_message.Message):
     history_tokens: int
     first_pass_only_steps: int
     long_draft_steps: int
-    deferred_first_passes: int
-    deferred_tokens_dropped: int
-    def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ..., adaptive: _Optional[bool] = ..., drafter_paused: _Optional[bool] = ..., history: _Optional[bool] = ..., history_rows: _Optional[int] = ..., model_rows: _Optional[int] = ..., history_tokens: _Optional[int] = ..., first_pass_only_steps: _Optional[int] = ..., long_draft_steps: _Optional[int] = ..., deferred_first_passes: _Optional[int] = ..., deferred_tokens_dropped: _Optional[int] = ...) -> None: ...
+    def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ..., adaptive: _Optional[bool] = ..., drafter_paused: _Optional[bool] = ..., history: _Optional[bool] = ..., history_rows: _Optional[int] = ..., model_rows: _Optional[int] = ..., history_tokens: _Optional[int] = ..., first_pass_only_steps: _Optional[int] = ..., long_draft_steps: _Optional[int] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

@@ -201,7 +201,6 @@ class VllmEngine:
                 "min_draft": h.hybrid_min_draft,
                 "min_match": h.hybrid_min_match,
                 "model_k": self._model_k,
-                "defer_first_pass": h.hybrid_defer_first_pass,
             }
         args = (h.index_settings(), hybrid)
         if not all(await self._llm.collective_rpc("specrl_attach_history", args=args)):

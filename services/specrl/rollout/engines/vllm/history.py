@@ -55,7 +55,6 @@ from typing import Any
 
 import numpy as np
 
-from specrl.rollout.engines.vllm.first_pass import DeferredFirstPass
 from specrl.rollout.history import HistoryIndex
 from specrl.rollout.hybrid import REMEASURE_EVERY, SourceScores, StepCosts, VerifyCost, draft_lengths
 
@@ -70,10 +69,8 @@ class HistoryProposer:
         self.runner: Any = None  # the model runner, once attached
         self._requests: dict[str, tuple[bytes, int, int]] = {}  # req id -> key, sequence, tokens seen
         # hybrid: rows drafted by each source, steps the draft model ran its first pass only
-        # steps history drafted past the draft model's k (history.hybrid_max_draft), and
-        # of the first-pass-only steps those deferred, deferred tokens dropped (first_pass.py)
-        counted = ("first_pass_only", "long_drafts", "deferred_first_passes", "deferred_tokens_dropped")
-        self.rows = dict.fromkeys(("history", "model", *counted), 0)
+        # steps history drafted past the draft model's k (history.hybrid_max_draft)
+        self.rows = {"history": 0, "model": 0, "first_pass_only": 0, "long_drafts": 0}
 
     def attach(self, runner: Any, settings: dict) -> None:
         self.runner = runner
@@ -138,40 +135,27 @@ def prompt_key(prompt: Any) -> bytes:
 
 
 def install_hybrid(
-    runner: Any,
-    settings: dict,
-    min_draft: int,
-    min_match: int,
-    model_k: int | None = None,
-    defer_first_pass: bool = True,
+    runner: Any, settings: dict, min_draft: int, min_match: int, model_k: int | None = None
 ) -> HistoryProposer:
     """Choose per request between history's draft and the draft model's (module docstring)
     in `runner`: history's is a candidate where it matches the context over `min_match`
     tokens at least and drafts `min_draft` tokens at least. The draft model drafts
     `model_k` positions at most (None: the engine's k), history as far as the engine's k
     (history.hybrid_max_draft): a step scheduled for fewer (k_schedule) shortens both
-    alike. `defer_first_pass`: an EAGLE draft model's first pass in steps of history's
-    drafts alone waits for its next drafting step (DeferredFirstPass)."""
+    alike."""
     history = HistoryProposer(runner.vllm_config)
     model_k = history.k if model_k is None else model_k
     history.attach(runner, settings)
     scores, costs = SourceScores(), StepCosts()
     verify = VerifyCost()
-    drafter = getattr(runner, "drafter", None)
-    deferred = None
-    if defer_first_pass and DeferredFirstPass.supported(drafter):
-        deferred = DeferredFirstPass(runner, history.rows)
     propose_model = runner.propose_draft_token_ids
     streak = 0  # steps in a row the draft model ran its first pass only
-    deferred_steps = 0  # steps whose first pass was deferred since a pass caught up
     returned_at: float | None = None  # when the last step's drafts were returned
     last: tuple[set[str], int] = (set(), 0)  # the last step's requests and tokens to verify
 
     def propose_draft_token_ids(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
-        nonlocal streak, returned_at, last, deferred_steps
+        nonlocal streak, returned_at, last
         called_at = time.perf_counter()
-        if deferred is not None:
-            deferred.caught_up = 0.0  # until a pass this step catches up
         batch = runner.input_batch
         # the step's time outside the drafters, where a request carried over from the last
         # (otherwise the engine may have idled in between: between a bench's rounds,
@@ -236,16 +220,8 @@ def install_hybrid(
             first_pass = copy.copy(scheduler_output)
             first_pass.num_spec_tokens_to_schedule = 0
             started = time.perf_counter()
-            if deferred is not None:
-                deferred.defer = True
-            before = history.rows["deferred_first_passes"]
-            try:
-                propose_model(first_pass, sampled_token_ids, *args, **kwargs)
-            finally:
-                if deferred is not None:
-                    deferred.defer = False
-            deferred_steps += history.rows["deferred_first_passes"] - before
-            observe("first_pass", started, rest_s)
+            propose_model(first_pass, sampled_token_ids, *args, **kwargs)
+            costs.observe("first_pass", time.perf_counter() - started, rest_s)
             history.rows["history"] += len(candidates)
             history.rows["first_pass_only"] += 1
             for i in candidates:
@@ -260,7 +236,7 @@ def install_hybrid(
                 scheduler_output.num_spec_tokens_to_schedule = k
             started = time.perf_counter()
             drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
-            observe("full", started, rest_s)
+            costs.observe("full", time.perf_counter() - started, rest_s)
             if runner._draft_probs is not None:
                 raise RuntimeError(
                     "hybrid history drafting needs deterministic draft-model drafts (vLLM "
@@ -280,17 +256,6 @@ def install_hybrid(
         last = set(batch.req_ids), sum(1 + len(drafts[i]) for i in live)
         returned_at = time.perf_counter()
         return drafts
-
-    def observe(path: str, started: float, rest_s: float | None) -> None:
-        """The draft model's seconds since `started`: a pass that also caught up deferred
-        first passes charges their share to the steps that deferred them (StepCosts)."""
-        nonlocal deferred_steps
-        seconds = time.perf_counter() - started
-        share = 0.0 if deferred is None else deferred.caught_up
-        if share:
-            costs.observe_catch_up(seconds * share, deferred_steps)
-            deferred_steps = 0
-        costs.observe(path, seconds * (1.0 - share), rest_s)
 
     runner.propose_draft_token_ids = propose_draft_token_ids
     return history
