@@ -155,8 +155,10 @@ def test_verification_cost_is_fitted_to_the_steps_timed():
 def test_a_slope_the_steps_do_not_resolve_is_no_cost():
     """In the same noise: one odd step among many alike (a line through it has a slope:
     the CPU testbed's c=1 steps had fitted 3 ms a token that way); steps of many sizes
-    that cost alike; and steps of many sizes on a real slope, the only one fitted."""
-    noise = [0.003 * np.sin(7.0 * i) for i in range(60)]
+    that cost alike; and steps of many sizes on a real slope, the only one fitted. (The
+    fit before the resolution rule took the first two too: the second's slope in this
+    noise is small but positive.)"""
+    noise = [0.003 * np.cos(7.0 * i) for i in range(60)]
     sizes = [4] * 60
     sizes[50] = 7
     odd, flat, sloped = VerifyCost(), VerifyCost(), VerifyCost()
