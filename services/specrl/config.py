@@ -141,6 +141,10 @@ class HistoryConfig(StrictModel):
     # model still drafts num_speculative_tokens, so a request whose history repeats drafts
     # further than the model's sequential positions would pay for (None: the model's k).
     hybrid_max_draft: int | None = Field(None, ge=1, le=MAX_SPECULATIVE_TOKENS)
+    # Engine steps in a row a request takes history's draft before it is left out of the
+    # draft model's passes (EAGLE-3 only), for as long as history keeps drafting it: the
+    # draft model's work runs over the other requests only (0: never leave one out).
+    hybrid_leave_out_after: int = Field(2, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> HistoryConfig:
@@ -154,7 +158,14 @@ class HistoryConfig(StrictModel):
 
     def index_settings(self) -> dict:
         """The settings of the index itself (specrl.rollout.history.HistoryIndex)."""
-        return self.model_dump(exclude={"hybrid", "hybrid_min_draft", "hybrid_min_match", "hybrid_max_draft"})
+        hybrid = {
+            "hybrid",
+            "hybrid_min_draft",
+            "hybrid_min_match",
+            "hybrid_max_draft",
+            "hybrid_leave_out_after",
+        }
+        return self.model_dump(exclude=hybrid)
 
 
 class SpeculationConfig(StrictModel):

@@ -57,7 +57,9 @@ HISTORY = {"history": {"min_match": 1}}
 # EAGLE-3 hybrid with history: a request step drafts from history when history has even
 # one token on a one-token match (so both sources draft, and a row's later positions can come from EAGLE-3
 # after history's first); the test checks that both did. History drafts up to 8 tokens,
-# past EAGLE-3's 3 (hybrid_max_draft: ragged rows longer than the draft model's).
+# past EAGLE-3's 3 (hybrid_max_draft: ragged rows longer than the draft model's). A
+# request that took history's draft once leaves the draft model's passes for as long as
+# history keeps it (hybrid_leave_out_after; a sample here is 3 tokens, 2 steps at most).
 HYBRID = {
     "history": {
         "min_match": 1,
@@ -65,6 +67,7 @@ HYBRID = {
         "hybrid_min_draft": 1,
         "hybrid_min_match": 1,
         "hybrid_max_draft": 8,
+        "hybrid_leave_out_after": 1,
     }
 }
 METHODS = [
@@ -153,6 +156,7 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
             assert state.history and state.history_rows > 0 and state.model_rows > 0, state
             assert state.first_pass_only_steps > 0, state  # and history alone, the model skipped
             assert state.long_draft_steps > 0, state  # and drafts past the model's k
+            assert state.left_out_rows > 0, state  # and rows left out of the model's passes
 
 
 def long_drafts_pay_where_history_repeats(client, hf, k: int) -> None:

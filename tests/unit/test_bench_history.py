@@ -33,9 +33,15 @@ def test_each_cell_is_paired_with_ar_and_history_with_eagle3_alone():
     hybrid = [i for i, c in enumerate(cells) if c.hybrid]
     assert [cells[i].name for i in hybrid] == ["hybrid"]
     for n, r in enumerate(done[hybrid[0], 4]):  # the server's counters over each round
-        r["hybrid"] = dict(zip(HYBRID_COUNTS, (10 * n + 30, 10, 5 + n, 2)))
+        r["hybrid"] = dict(zip(HYBRID_COUNTS, (10 * n + 30, 10, 5 + n, 2, 20 + n)))
     rows = {r["name"]: r for r in paired_rows(cells, done, [4], versus="eagle3")}
-    summed = {"history_rows": 70, "model_rows": 20, "first_pass_only_steps": 11, "long_draft_steps": 4}
+    summed = {
+        "history_rows": 70,
+        "model_rows": 20,
+        "first_pass_only_steps": 11,
+        "long_draft_steps": 4,
+        "left_out_rows": 41,
+    }
     assert {f: rows["hybrid"][f] for f in HYBRID_COUNTS} == summed
     assert "history_rows" not in rows["history"]
     assert rows["hybrid"]["speedup_vs_ar"] == pytest.approx(3.0)

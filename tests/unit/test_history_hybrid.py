@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
+from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from specrl.config import SpeculationConfig
 from specrl.rollout.engines.vllm import history as vllm_history
@@ -339,6 +340,64 @@ def test_a_request_whose_history_drafts_the_policy_rejects_moves_to_the_draft_mo
     # so "b" is given a context history matches: the earlier response's 5, 6, 7
     drafts = runner.step({"b": [*PROMPT, 5, 6, 7], "z": [20, 21, 22, 23, 24, 25]}, [[9], [25]])
     assert drafts[0] == [MODEL_TOKEN] * 3
+
+
+class _EagleRunner(_Runner):
+    """The stand-in runner calling an EAGLE drafter's `propose` (the pathway whose rows the
+    hybrid can leave out: drafter_rows.py), one token a row, which records each pass's
+    requests (a row's token: its index)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drafter = SimpleNamespace(needs_extra_input_slots=False, uses_mrope=False, propose=self._pass)
+        self.passes: list[list[str]] = []
+
+    def _pass(self, k, tokens, positions, hidden, next_ids, to_sample, cad, *args, **kwargs):
+        self.passes.append([self.input_batch.req_ids[int(t)] for t in tokens])
+        return torch.full((cad.num_reqs, k), MODEL_TOKEN, dtype=torch.int64)
+
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
+        k = scheduler_output.num_spec_tokens_to_schedule
+        self.model_k.append(k)
+        n = len(sampled_token_ids)
+        rows, starts = torch.arange(n), torch.arange(n + 1, dtype=torch.int32)
+        cad = CommonAttentionMetadata(
+            query_start_loc=starts,
+            query_start_loc_cpu=starts.clone(),
+            seq_lens=torch.ones(n, dtype=torch.int32),
+            num_reqs=n,
+            num_actual_tokens=n,
+            max_query_len=1,
+            max_seq_len=1,
+            block_table_tensor=torch.zeros((n, 1), dtype=torch.int32),
+            slot_mapping=rows,
+        )
+        return self.drafter.propose(k, rows, rows, rows[:, None].float(), rows, None, cad, None)
+
+
+@pytest.mark.parametrize("leave_out_after", [2, 0])
+def test_a_request_history_drafts_alone_for_long_leaves_the_draft_models_passes(monkeypatch, leave_out_after):
+    """After `leave_out_after` steps in a row taking history's draft, "b"'s rows leave the
+    draft model's passes while history keeps it; when history has no draft for it, it is
+    back in them and takes the model's. "z" (a prompt history never saw) stays in. With
+    0, no request leaves."""
+    _model_drafts_every_step(monkeypatch)
+    runner = _EagleRunner()
+    history = install_hybrid(runner, {"min_match": 1}, 1, 1, leave_out_after=leave_out_after)
+    runner.step({"a": [*PROMPT, *range(5, 25)], "m": [30, 31, 32, 33, 34]}, [[24], [34]])
+    runner.step({"m": [30, 31, 32, 33, 34, 35]}, [[35]])  # the model measured, at 0
+    z = [20, 21, 22, 23, 24]
+    drafts = runner.step({"b": [*PROMPT, 5], "z": z}, [[5], [24]])
+    assert drafts == [[6, 7, 8], [MODEL_TOKEN] * 3] and runner.passes[-1] == ["b", "z"]
+    drafts = runner.step({"b": [*PROMPT, *range(5, 10)], "z": [*z, 25]}, [[6, 7, 8, 9], [25]])
+    assert drafts[0] == [10, 11, 12] and runner.passes[-1] == ["b", "z"]  # its second step
+    drafts = runner.step({"b": [*PROMPT, *range(5, 14)], "z": [*z, 25, 26]}, [[10, 11, 12, 13], [26]])
+    assert drafts == [[14, 15, 16], [MODEL_TOKEN] * 3] and history.rows["history"] == 3
+    left = leave_out_after > 0
+    assert runner.passes[-1] == (["z"] if left else ["b", "z"]) and history.rows["left_out"] == left
+    # the policy leaves "a"'s text: history has no draft, the model drafts for "b" again
+    drafts = runner.step({"b": [*PROMPT, *range(5, 14), 99], "z": [*z, 25, 26, 27]}, [[99], [27]])
+    assert drafts == [[MODEL_TOKEN] * 3] * 2 and runner.passes[-1] == ["b", "z"]
 
 
 def test_a_draft_is_scored_by_its_leading_tokens_the_step_emitted():

@@ -36,8 +36,9 @@ from specrl.tables import markdown_table, print_table
 
 GROUP = 4  # samples per request (a GRPO group)
 # what a hybrid server did in a measurement (its GetStatus counters, rollout/server.py):
-# rows drafted by each source, steps of history alone, steps some row drafted past k
-HYBRID_COUNTS = ("history_rows", "model_rows", "first_pass_only_steps", "long_draft_steps")
+# rows drafted by each source, steps of history alone, steps some row drafted past k, rows
+# left out of the draft model's pass
+HYBRID_COUNTS = ("history_rows", "model_rows", "first_pass_only_steps", "long_draft_steps", "left_out_rows")
 Responses = dict[str, list[list[int]]]  # prompt -> its responses
 
 
@@ -198,7 +199,7 @@ def _hybrid_summary(row: dict) -> str:
     rows = row["history_rows"] + row["model_rows"]
     return (
         f"  rows from history {row['history_rows']}/{rows}, steps of history alone"
-        f" {row['first_pass_only_steps']}, long {row['long_draft_steps']}"
+        f" {row['first_pass_only_steps']}, long {row['long_draft_steps']}, left out {row['left_out_rows']}"
     )
 
 

@@ -147,6 +147,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             history_tokens=history.get("tokens", 0),
             first_pass_only_steps=history.get("first_pass_only", 0),
             long_draft_steps=history.get("long_drafts", 0),
+            left_out_rows=history.get("left_out", 0),
         )
 
     async def SetSpeculation(self, request, context):

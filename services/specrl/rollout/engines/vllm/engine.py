@@ -200,6 +200,7 @@ class VllmEngine:
             hybrid = {
                 "min_draft": h.hybrid_min_draft,
                 "min_match": h.hybrid_min_match,
+                "leave_out_after": h.hybrid_leave_out_after,
                 "model_k": self._model_k,
             }
         args = (h.index_settings(), hybrid)

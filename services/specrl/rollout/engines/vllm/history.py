@@ -34,16 +34,24 @@ verifying them, which a large batch pays for. Each row's draft reaches as far as
 positions pay: position j is accepted with probability a^j (a: history's acceptance
 rate on the request, SourceScores) and costs one more verified token, whose seconds are
 fitted to the steps as they run (VerifyCost); the step's expected tokens per second
-decide (draft_lengths).
+decide (draft_lengths). A request that has taken history's draft for
+`history.hybrid_leave_out_after` steps in a row is left out of the draft model's passes
+(its rows cut from them: drafter_rows.py) for as long as history keeps it, so the model's
+first pass and positions run over the other rows only: the price the hybrid paid over
+history alone where history drafts most rows (large batches of prompts that come back).
+Without a history draft, or once the draft model's last score on it is better, the
+request is back in the passes, its draft model's KV cache stale over the steps it was
+out (drafts worse there, never wrong).
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
-both drafts are deterministic functions of the request's tokens so far, and the choice
-between them is made from earlier steps' tokens only: whichever fills a position, the
-rejection sampler verifies a deterministic draft, as for n-gram. The wrapper refuses
-draft probabilities (probabilistic draft sampling), whose rows would then no longer
-describe the draft. vLLM drafts after its bookkeeping then (`disable_padded_drafter_batch`,
-which also turns async scheduling off), when the batch's tokens are on the CPU and a
-step's drafts may be ragged lists.
+both drafts are deterministic functions of what the engine holds before the step (the
+request's tokens so far; for a request back from being left out, also its draft model's
+stale cache), and the choice between them is made from earlier steps' tokens only:
+whichever fills a position, the rejection sampler verifies a deterministic draft, as for
+n-gram. The wrapper refuses draft probabilities (probabilistic draft sampling), whose
+rows would then no longer describe the draft. vLLM drafts after its bookkeeping then
+(`disable_padded_drafter_batch`, which also turns async scheduling off), when the batch's
+tokens are on the CPU and a step's drafts may be ragged lists.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from specrl.rollout.engines.vllm.drafter_rows import DrafterRows
 from specrl.rollout.history import HistoryIndex
 from specrl.rollout.hybrid import REMEASURE_EVERY, SourceScores, StepCosts, VerifyCost, draft_lengths
 
@@ -68,9 +77,10 @@ class HistoryProposer:
         self.index = HistoryIndex()
         self.runner: Any = None  # the model runner, once attached
         self._requests: dict[str, tuple[bytes, int, int]] = {}  # req id -> key, sequence, tokens seen
-        # hybrid: rows drafted by each source, steps the draft model ran its first pass only
-        # steps history drafted past the draft model's k (history.hybrid_max_draft)
-        self.rows = {"history": 0, "model": 0, "first_pass_only": 0, "long_drafts": 0}
+        # hybrid: rows drafted by each source, steps the draft model ran its first pass only,
+        # steps history drafted past the draft model's k (history.hybrid_max_draft), rows
+        # left out of the draft model's passes
+        self.rows = {"history": 0, "model": 0, "first_pass_only": 0, "long_drafts": 0, "left_out": 0}
 
     def attach(self, runner: Any, settings: dict) -> None:
         self.runner = runner
@@ -135,19 +145,28 @@ def prompt_key(prompt: Any) -> bytes:
 
 
 def install_hybrid(
-    runner: Any, settings: dict, min_draft: int, min_match: int, model_k: int | None = None
+    runner: Any,
+    settings: dict,
+    min_draft: int,
+    min_match: int,
+    model_k: int | None = None,
+    leave_out_after: int = 2,
 ) -> HistoryProposer:
     """Choose per request between history's draft and the draft model's (module docstring)
     in `runner`: history's is a candidate where it matches the context over `min_match`
     tokens at least and drafts `min_draft` tokens at least. The draft model drafts
     `model_k` positions at most (None: the engine's k), history as far as the engine's k
     (history.hybrid_max_draft): a step scheduled for fewer (k_schedule) shortens both
-    alike."""
+    alike. A request that took history's draft `leave_out_after` steps in a row leaves the
+    draft model's passes while history keeps it (0: none does; EAGLE pathway only)."""
     history = HistoryProposer(runner.vllm_config)
     model_k = history.k if model_k is None else model_k
     history.attach(runner, settings)
     scores, costs = SourceScores(), StepCosts()
     verify = VerifyCost()
+    drafter = getattr(runner, "drafter", None)
+    drafter_rows = DrafterRows(runner) if leave_out_after and DrafterRows.supported(drafter) else None
+    alone: dict[str, int] = {}  # per request: steps in a row it took history's draft
     propose_model = runner.propose_draft_token_ids
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
@@ -170,12 +189,21 @@ def install_hybrid(
             sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=longest, min_depth=min_match
         )
         scores.retain(runner.requests.keys())
+        for req in alone.keys() - runner.requests.keys():
+            del alone[req]
         live = [i for i, sampled in enumerate(sampled_token_ids) if len(sampled)]
         at = {i: int(batch.num_tokens_no_spec[i]) for i in live}
         for i in live:
             scores.score(batch.req_ids[i], sampled_token_ids[i], at[i])
         candidates = {i for i in live if len(found[i]) >= min_draft}
         chosen = [i for i in sorted(candidates) if scores.prefers_history(batch.req_ids[i])]
+        # a request that took history's draft `leave_out_after` steps in a row is left out
+        # of the draft model's passes while history keeps it (drafter_rows.py)
+        left_out: set[int] = set()
+        if drafter_rows is not None:
+            left_out = {i for i in chosen if alone.get(batch.req_ids[i], 0) >= leave_out_after}
+            drafter_rows.left_out = {batch.req_ids[i] for i in left_out}
+        in_pass = len(left_out) < len(batch.req_ids)  # a row the draft model's pass runs over
         # tokens each row is expected to emit: without the model's positions, history's
         # draft or none (a row without a candidate emits its one sampled token); with them,
         # the better source's
@@ -192,7 +220,7 @@ def install_hybrid(
         rest = None if fit is None else (fit[0] + fit[1] * verified[0], fit[0] + fit[1] * verified[1])
         first_pass_only = (
             k > 0
-            and bool(candidates)
+            and bool(candidates - left_out)
             and streak < REMEASURE_EVERY
             and bool(scores.measured["model"])
             and costs.first_pass_pays(tokens_first_pass, tokens_full, rest)
@@ -221,7 +249,8 @@ def install_hybrid(
             first_pass.num_spec_tokens_to_schedule = 0
             started = time.perf_counter()
             propose_model(first_pass, sampled_token_ids, *args, **kwargs)
-            costs.observe("first_pass", time.perf_counter() - started, rest_s)
+            if in_pass:
+                costs.observe("first_pass", time.perf_counter() - started, rest_s)
             history.rows["history"] += len(candidates)
             history.rows["first_pass_only"] += 1
             for i in candidates:
@@ -236,7 +265,8 @@ def install_hybrid(
                 scheduler_output.num_spec_tokens_to_schedule = k
             started = time.perf_counter()
             drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
-            costs.observe("full", time.perf_counter() - started, rest_s)
+            if in_pass:
+                costs.observe("full", time.perf_counter() - started, rest_s)
             if runner._draft_probs is not None:
                 raise RuntimeError(
                     "hybrid history drafting needs deterministic draft-model drafts (vLLM "
@@ -245,14 +275,19 @@ def install_hybrid(
             drafts = drafts.tolist()  # ragged where history drafts past the draft model
             history.rows["history"] += len(chosen)
             history.rows["model"] += len(live) - len(chosen)
-            for i in live:
+            for i in set(live) - left_out:  # a row left out has no draft of the model's
                 scores.offer(batch.req_ids[i], "model", drafts[i], at[i])
             for i in candidates:  # history's draft, the model's after it: what would be verified
-                row = found[i] + drafts[i][len(found[i]) :]
+                row = found[i] + (drafts[i][len(found[i]) :] if i not in left_out else [])
                 scores.offer(batch.req_ids[i], "history", row, at[i], own=len(found[i]))
                 if i in chosen:
                     drafts[i] = row
         history.rows["long_drafts"] += any(len(row) > k for row in drafts)  # past the model's k
+        history.rows["left_out"] += len(left_out)
+        took = candidates if first_pass_only else set(chosen)
+        for i in live:
+            req = batch.req_ids[i]
+            alone[req] = alone.get(req, 0) + 1 if i in took else 0
         last = set(batch.req_ids), sum(1 + len(drafts[i]) for i in live)
         returned_at = time.perf_counter()
         return drafts
