@@ -98,7 +98,7 @@ def _long_hybrid(monkeypatch, fit: tuple[float, float] | None) -> tuple[_Runner,
     """history.hybrid_max_draft: the engine built for 6 draft tokens, the draft model
     asked for its own 3, "a"'s response to PROMPT (5 .. 24) in history, the model measured
     on "m", and verification's cost `fit` (VerifyCost: seconds a step + seconds a token)."""
-    monkeypatch.setattr(VerifyCost, "fit", lambda self: fit)
+    monkeypatch.setattr(VerifyCost, "fit", lambda self, rows: fit)
     _model_drafts_every_step(monkeypatch)
     runner = _Runner(engine_k=6)
     history = install_hybrid(runner, {"min_match": 1}, 1, 1, model_k=3)
@@ -138,19 +138,19 @@ def test_while_verifications_cost_is_unknown_history_drafts_as_far_as_it_offers(
 def test_verification_cost_is_fitted_to_the_steps_timed():
     cost = VerifyCost()
     for v in range(1, VerifyCost.MIN_STEPS):
-        cost.observe(0.010 + 0.002 * v, v)
-    assert cost.fit() is None  # too few steps
-    cost.observe(0.010 + 0.002 * 9, 9)
-    a, b = cost.fit()
+        cost.observe(0.010 + 0.002 * v, 1, v)
+    assert cost.fit(1) is None  # too few steps
+    cost.observe(0.010 + 0.002 * 9, 1, 9)
+    a, b = cost.fit(1)
     assert a == pytest.approx(0.010) and b == pytest.approx(0.002)
     flat = VerifyCost()  # every step verified as many tokens: no slope to fit
     for _ in range(20):
-        flat.observe(0.02, 4)
-    assert flat.fit() is None
+        flat.observe(0.02, 1, 4)
+    assert flat.fit(1) is None
     noisy = VerifyCost()  # more tokens, less time: noise, not a cost
     for v in range(1, 20):
-        noisy.observe(0.05 - 0.001 * v, v)
-    assert noisy.fit() is None
+        noisy.observe(0.05 - 0.001 * v, 1, v)
+    assert noisy.fit(1) is None
 
 
 def test_a_slope_the_steps_do_not_resolve_is_no_cost():
@@ -164,15 +164,34 @@ def test_a_slope_the_steps_do_not_resolve_is_no_cost():
     sizes[50] = 7
     odd, flat, sloped = VerifyCost(), VerifyCost(), VerifyCost()
     for v, e in zip(sizes, noise):
-        odd.observe(0.013 + e + (0.007 if v == 7 else 0.0), v)
-    assert odd.fit() is None
+        odd.observe(0.013 + e + (0.007 if v == 7 else 0.0), 1, v)
+    assert odd.fit(1) is None
     sizes = [200 + (37 * i) % 100 for i in range(60)]  # a large batch's rows vary
     for v, e in zip(sizes, noise):
-        flat.observe(0.013 + e, v)
-        sloped.observe(0.015 + 1e-4 * v + e, v)
-    assert flat.fit() is None
-    b = sloped.fit()[1]
+        flat.observe(0.013 + e, 1, v)
+        sloped.observe(0.015 + 1e-4 * v + e, 1, v)
+    assert flat.fit(1) is None
+    b = sloped.fit(1)[1]
     assert b == pytest.approx(1e-4, rel=0.3)
+
+
+def test_a_cost_per_row_is_not_read_as_a_cost_per_token():
+    """A large batch's tail, where the rows and the tokens vary together: each row costs
+    0.5 ms (its sampling and bookkeeping), each verified token 0.01 ms. Fitted on the
+    tokens alone (as before the rows had a term: the rows given as 1 here) the rows' cost
+    reads as ~0.05 ms a token and would cut history's drafts short; with the rows a term
+    of their own the tokens' cost is found, and the step's base at a given row count."""
+    both, tokens_only = VerifyCost(), VerifyCost()
+    for i in range(60):
+        rows, draft = 40 + (13 * i) % 25, 3 + (7 * i) % 3
+        verified = rows * (1 + draft)
+        rest = 0.010 + 5e-4 * rows + 1e-5 * verified + 1e-4 * np.cos(7.0 * i)
+        both.observe(rest, rows, verified)
+        tokens_only.observe(rest, 1, verified)
+    base, per_token = both.fit(50)
+    assert per_token == pytest.approx(1e-5, rel=0.3)
+    assert base == pytest.approx(0.010 + 5e-4 * 50, rel=0.02)
+    assert tokens_only.fit(1)[1] > 4e-5  # ~5x the tokens' own cost
 
 
 def test_draft_lengths_maximise_the_steps_expected_tokens_per_second():
@@ -265,7 +284,7 @@ def test_where_verification_is_fitted_each_path_is_timed_at_the_tokens_it_verifi
     asked = []
     pays = StepCosts.first_pass_pays
     monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *a: asked.append(a) or pays(self, *a))
-    monkeypatch.setattr(VerifyCost, "fit", lambda self: (0.010, 0.001))
+    monkeypatch.setattr(VerifyCost, "fit", lambda self, rows: (0.010, 0.001))
     runner, _ = _hybrid(min_draft=2)
     runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24], "d": [*PROMPT, 5, 6, 7]}, [[6], [24], [7]])
     assert asked[-1][2] == (pytest.approx(0.015), pytest.approx(0.022))

@@ -151,40 +151,59 @@ class StepCosts:
 class VerifyCost:
     """What verifying one more draft token adds to an engine step, fitted to the steps as
     they run: the step's seconds outside the draft model (the target's forward over the
-    verified tokens, sampling, bookkeeping) against the tokens it verified (each row's
-    sampled token and its draft), rest = a + b * verified, by least squares over recent
-    steps (exponentially weighted). A small batch's forward costs about the same for 4
-    tokens a row as for 9 (b small), a large one's does not. Unknown (None) until
-    MIN_STEPS steps have been timed whose token counts spread by a token at least (a
-    step or two of another size among many alike draws the line through themselves: at
-    c=1 on the CPU testbed one step of 7 tokens among a hundred of 4 had fitted 3 ms a
-    token where a step costs as much for 9 tokens as for 4), or where the fit's slope is
-    under twice its standard error (noise about no cost): then history drafts as far as
-    it offers, which also gives the fit steps of different token counts."""
+    verified tokens, sampling, bookkeeping) against the rows it ran and the tokens it
+    verified (each row's sampled token and its draft), rest = a + r * rows + b * verified,
+    by least squares over recent steps (exponentially weighted). A small batch's forward
+    costs about the same for 4 tokens a row as for 9 (b small), a large one's does not.
+    The rows are a term of their own where they vary (a large batch's tail): a row's
+    sampling and bookkeeping grow with the rows, and so do the tokens, so a fit on the
+    tokens alone reads per-row costs as per-token ones and cuts history's drafts short.
+    Unknown (None) until MIN_STEPS steps have been timed whose token counts spread by a
+    token at least beyond what the rows explain (a step or two of another size among many
+    alike draws the line through themselves: at c=1 on the CPU testbed one step of 7
+    tokens among a hundred of 4 had fitted 3 ms a token where a step costs as much for 9
+    tokens as for 4), or where the fit's slope is under twice its standard error (noise
+    about no cost): then history drafts as far as it offers, which also gives the fit
+    steps of different token counts."""
 
     MIN_STEPS = 8
-    MIN_SPREAD = 1.0  # tokens: the verified tokens' (weighted) standard deviation
+    MIN_SPREAD = 1.0  # tokens: the verified tokens' (weighted) standard deviation, given the rows
+    MIN_ROW_SPREAD = 1.0  # rows: the rows' (weighted) standard deviation, for their own term
     DECAY = 0.98  # about the last 50 steps
 
     def __init__(self) -> None:
         self.steps = 0
-        self._moments = np.zeros((3, 3))  # weighted sums of [1, v, rest] x [1, v, rest]
+        self._moments = np.zeros((4, 4))  # weighted sums of [1, rows, verified, rest] x the same
 
-    def observe(self, rest_s: float, verified: int) -> None:
-        x = np.array([1.0, float(verified), rest_s])
+    def observe(self, rest_s: float, rows: int, verified: int) -> None:
+        x = np.array([1.0, float(rows), float(verified), rest_s])
         self._moments = self.DECAY * self._moments + np.outer(x, x)
         self.steps += 1
 
-    def fit(self) -> tuple[float, float] | None:
-        """(a, b) of rest = a + b * verified, or None (class docstring)."""
-        (n, sv, sr), (_, svv, svr), (_, _, srr) = self._moments
-        spread = n * svv - sv * sv  # n^2 x the (weighted) variance of the verified tokens
-        if self.steps < self.MIN_STEPS or spread < (self.MIN_SPREAD * n) ** 2:
+    def fit(self, rows: int) -> tuple[float, float] | None:
+        """(a + r * rows, b) of rest = a + r * rows + b * verified at `rows` rows, or None
+        (class docstring)."""
+        m = self._moments
+        n = m[0, 0]
+        if self.steps < self.MIN_STEPS or n <= 0:
             return None
-        b = (n * svr - sv * sr) / spread
-        a = (sr - b * sv) / n
-        residual = max(0.0, srr - a * sr - b * svr) / max(n - 2, 1.0)  # per step, weighted
-        return None if b < 2 * np.sqrt(residual * n / spread) else (a, b)
+        row_var = m[1, 1] / n - (m[1, 0] / n) ** 2
+        terms = [0, 1, 2] if row_var >= self.MIN_ROW_SPREAD**2 else [0, 2]
+        xtx, xty = m[np.ix_(terms, terms)], m[terms, 3]
+        try:
+            inverse = np.linalg.inv(xtx)
+        except np.linalg.LinAlgError:
+            return None
+        # 1 / inverse[v, v]: n x the verified tokens' variance left once the rows explain theirs
+        if 1.0 / inverse[-1, -1] < n * self.MIN_SPREAD**2:
+            return None
+        beta = inverse @ xty
+        residual = max(0.0, m[3, 3] - beta @ xty) / max(n - len(terms), 1.0)  # per step, weighted
+        b = beta[-1]
+        if b < 2 * np.sqrt(residual * inverse[-1, -1]):
+            return None
+        base = beta[0] + (beta[1] * rows if len(terms) == 3 else 0.0)
+        return base, b
 
 
 def draft_lengths(

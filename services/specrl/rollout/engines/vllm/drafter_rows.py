@@ -82,18 +82,19 @@ class DrafterRows:
         padded = token_indices_to_sample is not None or kwargs.get("num_rejected_tokens_gpu") is not None
         padded |= cad.mm_req_doc_ranges is not None
         req_ids = self.runner.input_batch.req_ids[: cad.num_reqs]
-        keep = [r for r, req in enumerate(req_ids) if req not in self.left_out]
-        if padded or len(keep) == cad.num_reqs:
+        kept_rows = torch.tensor([req not in self.left_out for req in req_ids], dtype=torch.bool)
+        if padded or bool(kept_rows.all()):
             return run(target_token_ids, target_positions, target_hidden_states, next_token_ids, cad)
         device = next_token_ids.device
         drafts = torch.zeros((cad.num_reqs, num_speculative_tokens), dtype=torch.int64, device=device)
-        if not keep:
+        if not kept_rows.any():
             return drafts
-        bounds = cad.query_start_loc_cpu.tolist()
-        lengths = [bounds[r + 1] - bounds[r] for r in keep]
-        tokens = [t for r in keep for t in range(bounds[r], bounds[r + 1])]
+        bounds = cad.query_start_loc_cpu.to(torch.long)
+        keep = kept_rows.nonzero().squeeze(1)  # rows, and their tokens in the pass
+        tokens = torch.repeat_interleave(kept_rows, bounds[1:] - bounds[:-1]).nonzero().squeeze(1)
+        lengths = (bounds[1:] - bounds[:-1])[keep]
         starts = torch.zeros(len(keep) + 1, dtype=cad.query_start_loc_cpu.dtype)
-        starts[1:] = torch.tensor(lengths).cumsum(0)
+        starts[1:] = lengths.cumsum(0)
         per_row = {name: _rows(getattr(cad, name), keep) for name in PER_ROW}
         kept = cad.replace(
             query_start_loc=starts.to(cad.query_start_loc.device),
@@ -101,7 +102,7 @@ class DrafterRows:
             seq_lens=_rows(cad.seq_lens, keep),
             num_reqs=len(keep),
             num_actual_tokens=len(tokens),
-            max_query_len=max(lengths),
+            max_query_len=int(lengths.max()),
             block_table_tensor=_rows(cad.block_table_tensor, keep),
             slot_mapping=_rows(cad.slot_mapping, tokens),
             positions=_rows(cad.positions, tokens),
@@ -110,13 +111,13 @@ class DrafterRows:
             **per_row,
         )
         inputs = (_rows(x, tokens) for x in (target_token_ids, target_positions, target_hidden_states))
-        drafts[torch.tensor(keep, device=device)] = run(*inputs, _rows(next_token_ids, keep), kept)
+        drafts[keep.to(device)] = run(*inputs, _rows(next_token_ids, keep), kept)
         return drafts
 
 
-def _rows(x: Any, keep: list[int]) -> Any:
-    """Entries `keep` (the first dimension) of a tensor on any device or an array; None or
-    a plain flag (such as `causal`) as it is."""
+def _rows(x: Any, keep: torch.Tensor) -> Any:
+    """Entries `keep` (indices into the first dimension, on the CPU) of a tensor on any
+    device or an array; None or a plain flag (such as `causal`) as it is."""
     if isinstance(x, torch.Tensor):
-        return x[torch.tensor(keep, dtype=torch.long, device=x.device)]
-    return x[np.asarray(keep, dtype=np.int64)] if isinstance(x, np.ndarray) else x
+        return x[keep.to(x.device)]
+    return x[keep.numpy()] if isinstance(x, np.ndarray) else x

@@ -170,7 +170,7 @@ def install_hybrid(
     propose_model = runner.propose_draft_token_ids
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
-    last: tuple[set[str], int] = (set(), 0)  # the last step's requests and tokens to verify
+    last: tuple[set[str], int, int] = (set(), 0, 0)  # the last step's requests, rows, tokens to verify
 
     def propose_draft_token_ids(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
         nonlocal streak, returned_at, last
@@ -184,7 +184,7 @@ def install_hybrid(
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)  # the draft model's
         longest = k + history.k - model_k if k else 0  # history's, past the model's if allowed
         if rest_s is not None:
-            verify.observe(rest_s, last[1])
+            verify.observe(rest_s, last[1], last[2])
         found = history.propose(
             sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=longest, min_depth=min_match
         )
@@ -214,7 +214,7 @@ def install_hybrid(
         )
         # each path's seconds outside the draft model at the tokens it verifies up to the
         # model's k (history's draft alone, or k a row), where verification is fitted
-        fit = verify.fit()
+        fit = verify.fit(len(live))
         verified = (sum(1 + min(len(found[i]), k) for i in candidates) + len(live) - len(candidates),
                     len(live) * (1 + k))  # fmt: skip
         rest = None if fit is None else (fit[0] + fit[1] * verified[0], fit[0] + fit[1] * verified[1])
@@ -288,7 +288,7 @@ def install_hybrid(
         for i in live:
             req = batch.req_ids[i]
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
-        last = set(batch.req_ids), sum(1 + len(drafts[i]) for i in live)
+        last = set(batch.req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
         returned_at = time.perf_counter()
         return drafts
 
