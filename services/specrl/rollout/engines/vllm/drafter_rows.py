@@ -5,7 +5,7 @@ vLLM's EAGLE proposer runs over every row of the batch every step, if only its f
 (which writes the draft model's KV cache for the tokens just verified, from the target's
 hidden states). For a request that history has drafted alone for many steps that pass
 buys only the option of the draft model drafting for it again, and it is the hybrid's
-fixed price over history alone: on the CPU testbed ~10 ms of a ~70 ms step at 64
+fixed price over history alone: on the CPU testbed 7-9 ms of a ~60 ms step at 41-64
 requests (docs/benchmarks.md). Left out, a request's rows are cut from the pass's inputs
 (its tokens, positions, hidden states, KV slots, block table and sequence length), so the
 pass and the draft model's positions run over the other rows only; the rows left out get
@@ -81,9 +81,11 @@ class DrafterRows:
         # the padded batch, or per-request ranges this does not cut, run as they come
         padded = token_indices_to_sample is not None or kwargs.get("num_rejected_tokens_gpu") is not None
         padded |= cad.mm_req_doc_ranges is not None
+        if padded or not self.left_out:
+            return run(target_token_ids, target_positions, target_hidden_states, next_token_ids, cad)
         req_ids = self.runner.input_batch.req_ids[: cad.num_reqs]
         kept_rows = torch.tensor([req not in self.left_out for req in req_ids], dtype=torch.bool)
-        if padded or bool(kept_rows.all()):
+        if bool(kept_rows.all()):
             return run(target_token_ids, target_positions, target_hidden_states, next_token_ids, cad)
         device = next_token_ids.device
         drafts = torch.zeros((cad.num_reqs, num_speculative_tokens), dtype=torch.int64, device=device)
