@@ -19,13 +19,13 @@ test-fast:  ## everything that does not start a vLLM engine; tests of a tool not
 	SPECRL_TEST_SKIP_MISSING_TOOLS=1 $(PY) -m pytest tests -m "not vllm"
 
 lint:  ## ruff, and the layer contracts between specrl's parts (import-linter, pyproject.toml)
-	$(VENV)/bin/ruff check services tests scripts tools
-	$(VENV)/bin/ruff format --check services tests scripts tools
+	$(VENV)/bin/ruff check services tests scripts tools deploy
+	$(VENV)/bin/ruff format --check services tests scripts tools deploy
 	$(VENV)/bin/lint-imports
 
 format:
-	$(VENV)/bin/ruff check --fix services tests scripts tools
-	$(VENV)/bin/ruff format services tests scripts tools
+	$(VENV)/bin/ruff check --fix services tests scripts tools deploy
+	$(VENV)/bin/ruff format services tests scripts tools deploy
 
 proto:  ## regenerate services/specrl/v1 from proto/ (generated files are committed)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=services --pyi_out=services \

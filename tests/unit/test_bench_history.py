@@ -21,7 +21,7 @@ def _result(tokens_per_s: float, accepted: int = 0, drafts: int = 0) -> dict:
     }
 
 
-def test_each_cell_is_paired_with_ar_and_history_with_eagle3_alone():
+def test_each_cell_is_paired_with_ar_and_history_with_eagle3_and_the_hybrid_with_both():
     # two rounds; AR 100 then 200 tok/s (a drifting machine), every other cell 1.5x, 2x
     # and 3x AR in the same rounds: the paired ratios are exact despite the drift
     cells = history.cells(TASKS["rl-zero"])
@@ -34,7 +34,7 @@ def test_each_cell_is_paired_with_ar_and_history_with_eagle3_alone():
     assert [cells[i].name for i in hybrid] == ["hybrid"]
     for n, r in enumerate(done[hybrid[0], 4]):  # the server's counters over each round
         r["hybrid"] = dict(zip(HYBRID_COUNTS, (10 * n + 30, 10, 5 + n, 2, 20 + n)))
-    rows = {r["name"]: r for r in paired_rows(cells, done, [4], versus="eagle3")}
+    rows = {r["name"]: r for r in paired_rows(cells, done, [4], versus=("eagle3", "history"))}
     summed = {
         "history_rows": 70,
         "model_rows": 20,
@@ -46,7 +46,9 @@ def test_each_cell_is_paired_with_ar_and_history_with_eagle3_alone():
     assert "history_rows" not in rows["history"]
     assert rows["hybrid"]["speedup_vs_ar"] == pytest.approx(3.0)
     assert rows["hybrid"]["speedup_vs_eagle3"] == pytest.approx(2.0)
+    assert rows["hybrid"]["speedup_vs_history"] == pytest.approx(1.5)
     assert rows["history"]["speedup_vs_eagle3"] == pytest.approx(4 / 3, abs=1e-3)
+    assert "speedup_vs_history" not in rows["history"]  # not paired with itself
     assert "speedup_vs_eagle3" not in rows["eagle3"] and rows["ar"]["vs_ar"] == ""
     assert rows["hybrid"]["ci_low"] == pytest.approx(3.0) == rows["hybrid"]["ci_high"]  # no spread
     assert rows["eagle3"]["acceptance_length"] == 2.5 and rows["eagle3"]["rounds"] == 2

@@ -2,7 +2,8 @@
 policy version measured together, in a warm-up round and counted rounds of balanced
 orders (as `bench draft`), with each prompt's responses of an earlier version carried to
 the servers that draft from history (Prompt.history, as the orchestrator carries them:
-orchestrator/carry.py), and rows paired with AR and EAGLE-3 alone in the same rounds.
+orchestrator/carry.py), and rows paired with AR and with the cells a benchmark names
+(EAGLE-3 alone, history alone) in the same rounds.
 
 A request samples a group (n = GROUP samples, siblings of each other; fewer below that
 concurrency); concurrency counts sequences in flight: c/n client threads. Every (round,
@@ -79,7 +80,7 @@ def run_over_versions(
     tasks: list[str] | None,
     rounds: int,
     console: Console,
-    versus: str = "",
+    versus: tuple[str, ...] = (),
 ) -> list[dict]:
     """For each task (names in TASKS; None: all) and each of `versions` versions, measure
     the cells `advance` gives, carrying earlier responses as each cell asks. Rows name the
@@ -105,10 +106,11 @@ def run_over_versions(
                     for r in paired_rows(cells, done, concurrency, versus)
                 ]
                 for row in got:
+                    against = "".join(f"  vs {v} {row[f'vs_{v}']}" for v in versus if f"vs_{v}" in row)
                     console.print(
                         f"    {row[cell_key]:<16} c={row['concurrency']:<3} {row['tokens_per_s']:>8.1f} tok/s"
                         f"  AL {row['acceptance_length']:.2f}  {row['speedup_vs_ar']:.2f}x AR {row['vs_ar']}"
-                        f"  {row.get(f'vs_{versus}', '')}{_hybrid_summary(row)}"
+                        f"{against}{_hybrid_summary(row)}"
                     )
                 rows += got
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -210,11 +212,15 @@ def _hybrid_counts(address: str) -> dict[str, int]:
 
 
 def paired_rows(
-    cells: list[Cell], done: dict[tuple[int, int], list[dict]], levels: list[int], versus: str = ""
+    cells: list[Cell],
+    done: dict[tuple[int, int], list[dict]],
+    levels: list[int],
+    versus: tuple[str, ...] = (),
 ) -> list[dict]:
     """Per level and cell: the median rate, acceptance length and the rate paired with
-    AR's (cells[0]) in the same rounds, and with cell `versus`'s for the cells drafting
-    from history."""
+    AR's (cells[0]) in the same rounds, and, for the cells drafting from history, with
+    each other cell named in `versus` (the hybrid against EAGLE-3 alone and against
+    history alone: it must beat both to earn its cost)."""
     rows = []
     for c in levels:
         rate = {cell.name: [r["tokens"] / r["seconds"] for r in done[(i, c)]] for i, cell in enumerate(cells)}
@@ -238,8 +244,9 @@ def paired_rows(
             }
             if cell.hybrid:  # what the hybrid did, summed over the rounds
                 row |= {f: sum(r["hybrid"][f] for r in results) for f in HYBRID_COUNTS}
-            if versus and cell.history is not None and cell.name != versus:
-                v_ratio, v_lo, v_hi = paired_ratio(rate[cell.name], rate[versus])
-                row |= {f"speedup_vs_{versus}": round(v_ratio, 3), f"vs_{versus}": verdict(v_lo, v_hi)}
+            for other in versus if cell.history is not None else ():
+                if other != cell.name:
+                    v_ratio, v_lo, v_hi = paired_ratio(rate[cell.name], rate[other])
+                    row |= {f"speedup_vs_{other}": round(v_ratio, 3), f"vs_{other}": verdict(v_lo, v_hi)}
             rows.append(row)
     return rows

@@ -16,8 +16,8 @@ history and hybrid servers get each prompt's responses of the previous epoch car
 it (Prompt.history), as the orchestrator carries them to a replica that has not seen the
 prompt since it started (orchestrator/carry.py): history written by the previous policy.
 Epoch 0 has none (siblings and the prompt only). Each row carries the geometric mean of
-the per-round ratios to AR (and, for history and the hybrid, to EAGLE-3 alone) with a 95%
-interval.
+the per-round ratios to AR (and, for history and the hybrid, to EAGLE-3 alone; for the
+hybrid also to history alone) with a 95% interval.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ TABLE_COLUMNS = (
     "speedup_vs_ar",
     "vs_ar",
     "vs_eagle3",
+    "vs_history",
 )
 
 
@@ -117,5 +118,5 @@ def run_history_bench(
         tasks=tasks,
         rounds=rounds,
         console=console,
-        versus="eagle3",
+        versus=("eagle3", "history"),
     )

@@ -40,7 +40,9 @@ def call(method, path, body=None):
     request.add_header("Accept", "application/json")
     if body is not None:
         request.add_header("Content-Type", "application/merge-patch+json")
-    context = ssl.create_default_context(cafile=os.path.join(SA, "ca.crt")) if API.startswith("https") else None
+    context = (
+        ssl.create_default_context(cafile=os.path.join(SA, "ca.crt")) if API.startswith("https") else None
+    )
     with urllib.request.urlopen(request, context=context, timeout=30) as reply:
         return json.load(reply)
 
