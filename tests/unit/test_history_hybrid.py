@@ -195,12 +195,15 @@ def test_a_cost_per_row_is_not_read_as_a_cost_per_token():
 
 
 def test_draft_lengths_maximise_the_steps_expected_tokens_per_second():
-    """Against every choice of lengths (brute force); rows: (rate, short, longest)."""
-    rows = [(0.95, 3, 9), (0.7, 3, 9), (0.4, 2, 6), (0.0, 3, 9)]
-    tokens, seconds = 4 + 3.0 + 2.2 + 1.0, 0.03
+    """Against every choice of lengths (brute force); rows: (each position's acceptance
+    probability, short, longest): geometric ones, none, and one accepted far once started."""
+    geometric = [(0.95, 3, 9), (0.7, 3, 9), (0.4, 2, 6), (0.0, 3, 9)]
+    rows = [([a ** (j + 1) for j in range(longest)], short, longest) for a, short, longest in geometric]
+    rows.append(([0.7] * 9, 3, 9))
+    tokens, seconds = 4 + 3.0 + 2.2 + 1.0 + 2.1, 0.03
 
     def rate(lengths: tuple[int, ...], per_token: float) -> float:
-        gain = sum(a ** (j + 1) for (a, short, _), m in zip(rows, lengths) for j in range(short, m))
+        gain = sum(probs[j] for (probs, short, _), m in zip(rows, lengths) for j in range(short, m))
         extra = sum(m - short for (_, short, _), m in zip(rows, lengths))
         return (tokens + gain) / (seconds + per_token * extra)
 
@@ -210,8 +213,12 @@ def test_draft_lengths_maximise_the_steps_expected_tokens_per_second():
         lengths = draft_lengths(rows, tokens, seconds, per_token)
         assert rate(tuple(lengths), per_token) == pytest.approx(best), per_token
         assert lengths[3] == 3  # nothing accepted there: never drafted further, however cheap
-    assert draft_lengths(rows, tokens, seconds, 1e-7)[:3] == [9, 9, 6]
-    assert draft_lengths(rows, tokens, seconds, 1.0) == [3, 3, 2, 3]
+    assert draft_lengths(rows, tokens, seconds, 1e-7) == [9, 9, 6, 3, 9]
+    assert draft_lengths(rows, tokens, seconds, 1.0) == [3, 3, 2, 3, 3]
+    # where verifying a token costs half a step's average per token emitted, a rate of
+    # 0.7 a position stops at its 2nd (0.49), a draft kept at 0.7 whatever the depth runs
+    lengths = draft_lengths(rows[1:2] + rows[4:], 2 * 4.0, 0.02, 0.5 * 0.02 / 8.0)
+    assert lengths == [3, 9]
     assert draft_lengths([], tokens, seconds, 1e-3) == []
 
 
@@ -233,6 +240,46 @@ def test_a_sources_acceptance_rate_counts_its_own_tokens_agreed_and_refused():
     assert scores._runs["r"]["history"][1] == pytest.approx(0.8 * refused)
     # a new request starts from the replica's rate
     assert 0 < scores.acceptance("new", "history") < 1
+
+
+def test_deep_positions_are_judged_by_how_often_the_replicas_drafts_kept_them():
+    """History drafts that start right tend to run far (a response repeating an earlier
+    one). Here every draft is refused at its first token half the time and otherwise kept
+    to its end: each position is accepted half the time. A per-token rate (~0.89 here)
+    to the power of the position says 0.89 at the first and 0.39 at the eighth; the
+    positions' own counts say ~0.5 throughout. A request whose own last drafts were
+    refused at once starts lower than the replica."""
+    scores = SourceScores()
+    draft = list(range(10, 18))
+    for n in range(400):
+        req = f"r{n}"
+        scores.offer(req, "history", draft, at=5)
+        emitted = [*draft, 99] if n % 2 else [98]  # kept to the end, or refused at once
+        scores.score(req, emitted, at=5 + len(emitted))
+    probs = scores.position_acceptance("new", "history", 8)
+    assert probs == pytest.approx([0.5] * 8, abs=0.06)
+    assert scores.acceptance("new", "history") ** 8 < 0.45 < 0.8 < scores.acceptance("new", "history")
+    for at in (20, 21, 22):  # "r1" refused at once 3 times in a row
+        scores.offer("r1", "history", draft, at=at)
+        scores.score("r1", [98], at=at + 1)
+    assert scores.position_acceptance("r1", "history", 2)[0] < 0.8 * probs[0]
+    assert (
+        scores.position_acceptance("new", "history", 3) == scores.position_acceptance("new", "history", 8)[:3]
+    )
+    # the counts are kept undecayed with a growing weight, renormalised before it overflows
+    # (after ~115,000 drafts): the same state at a weight near the limit reads the same
+    import copy
+
+    near = copy.deepcopy(scores)
+    near._weight["history"] *= 1e100
+    near._depth["history"] = [[c * 1e100 for c in counts] for counts in near._depth["history"]]
+    for s in (scores, near):
+        s.offer("r2", "history", draft, at=30)
+        s.score("r2", [*draft[:3], 97], at=34)
+    assert near._weight["history"] < 1e3  # renormalised
+    assert near.position_acceptance("new", "history", 8) == pytest.approx(
+        scores.position_acceptance("new", "history", 8)
+    )
 
 
 def test_a_match_shorter_than_min_draft_leaves_the_models_draft():

@@ -31,6 +31,11 @@ DECAY = 0.5  # a request's score: its last few steps (a span repeated, or not)
 PRIOR_DECAY = 0.95  # the replica's scores, where a request starts
 RUN_DECAY = 0.8  # a request's acceptance rate: about its last 5 drafts
 RUN_START = (1 - PRIOR_DECAY) / (1 - RUN_DECAY)  # the replica's rate, weighted as 5 drafts
+# how often a draft position is accepted once the one before it was, per position over
+# the replica's drafts (about their last 500); a request's first position over its own
+# last few drafts (RUN_DECAY), the replica's as DEPTH_PRIOR drafts' worth
+DEPTH_DECAY = 0.998
+DEPTH_PRIOR = 4.0
 # steps in a row that every request drafts from history (the draft model's first pass
 # only) before one where the draft model drafts too and is measured again (its weights
 # may have been updated since)
@@ -63,6 +68,12 @@ class SourceScores:
         self._scores: dict[str, dict[str, float]] = {}
         self._runs: dict[str, dict[str, list[float]]] = {}
         self._offered: dict[str, tuple[int, dict[str, tuple[list[int], int]]]] = {}
+        # per source and draft position: (drafts that kept it, drafts that reached it),
+        # decayed; kept undecayed, each draft weighted by `_weight` (1 / DEPTH_DECAY per
+        # draft), and divided by it when read: no pass over the positions per draft
+        self._depth: dict[str, list[list[float]]] = {source: [[], []] for source in SOURCES}
+        self._weight = dict.fromkeys(SOURCES, 1.0)
+        self._first: dict[str, dict[str, list[float]]] = {}  # per request and source: the same at 1
 
     def score(self, req: str, emitted: Sequence[int], at: int) -> None:
         """The tokens `req`'s last step emitted, `at` its tokens now: every draft offered
@@ -80,6 +91,28 @@ class SourceScores:
             run = (min(n, own), float(n < min(own, len(emitted))))
             for total, decay in ((runs[source], RUN_DECAY), (self.prior_runs[source], PRIOR_DECAY)):
                 total[:] = [decay * t + x for t, x in zip(total, run)]
+            seen = min(own, len(emitted))
+            self._score_depth(source, n, seen)
+            if seen:
+                first = self._first.setdefault(req, {}).setdefault(source, [0.0, 0.0])
+                first[:] = [RUN_DECAY * first[0] + float(n > 0), RUN_DECAY * first[1] + 1.0]
+
+    def _score_depth(self, source: str, n: int, seen: int) -> None:
+        """A draft whose first `n` tokens agreed, `seen` of its own positions observed
+        (its own and covered by the tokens emitted): position j was reached when the j - 1
+        before it agreed, and kept when it agreed too."""
+        kept, reached = self._depth[source]
+        w = self._weight[source] = self._weight[source] / DEPTH_DECAY
+        if w > 1e100:  # renormalise before the weights overflow
+            for counts in (kept, reached):
+                counts[:] = [c / w for c in counts]
+            w = self._weight[source] = 1.0
+        for counts in (kept, reached):
+            counts.extend([0.0] * (seen - len(counts)))
+        for j in range(min(n + 1, seen)):  # 0-based: positions 1 .. n + 1 were reached
+            reached[j] += w
+            if j < n:
+                kept[j] += w
 
     def offer(self, req: str, source: str, draft: Sequence[int], at: int, own: int | None = None) -> None:
         """`source` drafted `draft` for `req`'s next step (verified or not), `at` the
@@ -101,6 +134,33 @@ class SourceScores:
         agreed_, refused = runs[source] if runs else self.prior_runs[source]
         return agreed_ / (agreed_ + refused) if agreed_ + refused else 0.0
 
+    def position_acceptance(self, req: str, source: str, longest: int) -> list[float]:
+        """The probability that each of positions 1 .. `longest` of `source`'s next draft
+        for `req` is accepted (it and every one before it): how often the request's own
+        recent drafts were accepted at their first position (the replica's rate there as
+        a prior), then, position by position, how often the replica's drafts kept a
+        position they reached (the request's per-token rate, `acceptance`, where the
+        replica has few). Not one per-token rate to the power of the position: a history
+        draft that starts right tends to run far (a response repeating a span of an
+        earlier one; in RL-Zero's second epoch on the CPU testbed, drafts that reached
+        positions 3-5 kept them 97-100% of the time, those reaching 1-2 94%), and a
+        per-token rate averages the two."""
+        rate = self.acceptance(req, source)
+        kept, reached = self._depth[source]
+        w = self._weight[source]
+
+        def kept_once_reached(j: int, prior: float) -> float:
+            k, n = (kept[j] / w, reached[j] / w) if j < len(kept) else (0.0, 0.0)
+            return (k + DEPTH_PRIOR * prior) / (n + DEPTH_PRIOR)
+
+        mine_kept, mine = self._first.get(req, {}).get(source, (0.0, 0.0))
+        p = (mine_kept + DEPTH_PRIOR * kept_once_reached(0, rate)) / (mine + DEPTH_PRIOR)
+        out = [p]
+        for j in range(1, longest):
+            p *= kept_once_reached(j, rate)
+            out.append(p)
+        return out[:longest]
+
     def prefers_history(self, req: str) -> bool:
         if not self.measured["model"]:  # never measured here: it drafts, and is measured
             return False
@@ -109,7 +169,7 @@ class SourceScores:
 
     def retain(self, reqs: Collection[str]) -> None:
         """Forget the requests not in `reqs` (they ended)."""
-        for table in (self._scores, self._runs, self._offered):
+        for table in (self._scores, self._runs, self._offered, self._first):
             for req in table.keys() - reqs:
                 del table[req]
 
@@ -207,31 +267,31 @@ class VerifyCost:
 
 
 def draft_lengths(
-    rows: list[tuple[float, int, int]], tokens: float, seconds: float, per_token: float
+    rows: list[tuple[Sequence[float], int, int]], tokens: float, seconds: float, per_token: float
 ) -> list[int]:
-    """How far each history-drafted row drafts: `rows` holds (history's acceptance rate on
-    the request, the length it drafts anyway, the longest history offers), `tokens` and
-    `seconds` the step's expected tokens and time at those lengths, `per_token` what a
-    verified token adds (VerifyCost). With acceptance rate a, draft position j is
-    accepted with probability a^j (it and every one before it) at the cost of one more
-    verified token; a step emits the most tokens per second when exactly the positions
-    with a^j x seconds >= per_token x tokens are drafted, its own tokens and seconds with
-    them: a threshold that depends on the choice, so it is iterated to the fixed point
-    (Dinkelbach's method for a ratio, which converges in a few rounds). A position
-    nothing accepts is never drafted, even where verifying is free."""
+    """How far each history-drafted row drafts: `rows` holds (the probability that each
+    of its draft positions is accepted, non-increasing: SourceScores.position_acceptance;
+    the length it drafts anyway; the longest history offers), `tokens` and `seconds` the
+    step's expected tokens and time at those lengths, `per_token` what a verified token
+    adds (VerifyCost). Draft position j is accepted with probability p_j at the cost of
+    one more verified token; a step emits the most tokens per second when exactly the
+    positions with p_j x seconds >= per_token x tokens are drafted, its own tokens and
+    seconds with them: a threshold that depends on the choice, so it is iterated to the
+    fixed point (Dinkelbach's method for a ratio, which converges in a few rounds). A
+    position nothing accepts is never drafted, even where verifying is free."""
     lengths = [short for _, short, _ in rows]
     total_tokens, total_seconds = tokens, seconds
     for _ in range(8):
         chosen = []
-        for rate, short, longest in rows:
+        for probs, short, longest in rows:
             m = short
-            while m < longest and rate > 0 and rate ** (m + 1) * total_seconds >= per_token * total_tokens:
+            while m < longest and probs[m] > 0 and probs[m] * total_seconds >= per_token * total_tokens:
                 m += 1
             chosen.append(m)
         if chosen == lengths:
             break
         lengths = chosen
-        gain = sum(rate ** (j + 1) for (rate, short, _), m in zip(rows, lengths) for j in range(short, m))
+        gain = sum(probs[j] for (probs, short, _), m in zip(rows, lengths) for j in range(short, m))
         extra = sum(m - short for (_, short, _), m in zip(rows, lengths))
         total_tokens, total_seconds = tokens + gain, seconds + per_token * extra
     return lengths

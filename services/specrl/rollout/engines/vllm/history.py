@@ -31,8 +31,9 @@ the draft model's k (`history.hybrid_max_draft`: the engine is built for the lon
 draft, the model asked for its own k): where a request repeats its history, a step
 then emits more tokens than the model's sequential positions could, at the price of
 verifying them, which a large batch pays for. Each row's draft reaches as far as its
-positions pay: position j is accepted with probability a^j (a: history's acceptance
-rate on the request, SourceScores) and costs one more verified token, whose seconds are
+positions pay: position j is accepted with the probability that history's drafts on the
+request start right and that the replica's drafts kept position j once they reached it
+(SourceScores.position_acceptance), and costs one more verified token, whose seconds are
 fitted to the steps as they run (VerifyCost); the step's expected tokens per second
 decide (draft_lengths). A request that has taken history's draft for
 `history.hybrid_leave_out_after` steps in a row is left out of the draft model's passes
@@ -233,7 +234,10 @@ def install_hybrid(
         if longest > k and takes:
             # at the model's k: history's draft alone, or the model's k with history's first
             short = {i: min(len(found[i]), k) if first_pass_only else k for i in takes}
-            rows = [(scores.acceptance(batch.req_ids[i], "history"), short[i], len(found[i])) for i in takes]
+            accept = {
+                i: scores.position_acceptance(batch.req_ids[i], "history", len(found[i])) for i in takes
+            }
+            rows = [(accept[i], short[i], len(found[i])) for i in takes]
             if fit is None:  # verification's cost unknown: as far as history drafts, to be timed
                 reach = dict(zip(takes, draft_lengths(rows, 1.0, 1.0, 0.0)))
             else:
