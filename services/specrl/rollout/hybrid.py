@@ -36,6 +36,9 @@ RUN_START = (1 - PRIOR_DECAY) / (1 - RUN_DECAY)  # the replica's rate, weighted 
 # last few drafts (RUN_DECAY), the replica's as DEPTH_PRIOR drafts' worth
 DEPTH_DECAY = 0.998
 DEPTH_PRIOR = 4.0
+# the sources whose draft lengths are chosen per position (draft_lengths): history's only,
+# the draft model drafts its k; no per-position counts are kept for the others
+DEPTH_SOURCES = ("history",)
 # steps in a row that every request drafts from history (the draft model's first pass
 # only) before one where the draft model drafts too and is measured again (its weights
 # may have been updated since)
@@ -71,8 +74,8 @@ class SourceScores:
         # per source and draft position: (drafts that kept it, drafts that reached it),
         # decayed; kept undecayed, each draft weighted by `_weight` (1 / DEPTH_DECAY per
         # draft), and divided by it when read: no pass over the positions per draft
-        self._depth: dict[str, list[list[float]]] = {source: [[], []] for source in SOURCES}
-        self._weight = dict.fromkeys(SOURCES, 1.0)
+        self._depth: dict[str, list[list[float]]] = {source: [[], []] for source in DEPTH_SOURCES}
+        self._weight = dict.fromkeys(DEPTH_SOURCES, 1.0)
         self._first: dict[str, dict[str, list[float]]] = {}  # per request and source: the same at 1
 
     def score(self, req: str, emitted: Sequence[int], at: int) -> None:
@@ -88,19 +91,20 @@ class SourceScores:
             scores[source] = DECAY * scores[source] + (1 - DECAY) * n
             self.prior[source] = PRIOR_DECAY * self.prior[source] + (1 - PRIOR_DECAY) * n
             self.measured[source] += 1
-            run = (min(n, own), float(n < min(own, len(emitted))))
+            seen = min(own, len(emitted))  # its own positions the tokens emitted cover
+            run = (min(n, own), float(n < seen))
             for total, decay in ((runs[source], RUN_DECAY), (self.prior_runs[source], PRIOR_DECAY)):
                 total[:] = [decay * t + x for t, x in zip(total, run)]
-            seen = min(own, len(emitted))
-            self._score_depth(source, n, seen)
-            if seen:
-                first = self._first.setdefault(req, {}).setdefault(source, [0.0, 0.0])
-                first[:] = [RUN_DECAY * first[0] + float(n > 0), RUN_DECAY * first[1] + 1.0]
+            if source in self._depth:
+                self._score_depth(req, source, n, seen)
 
-    def _score_depth(self, source: str, n: int, seen: int) -> None:
-        """A draft whose first `n` tokens agreed, `seen` of its own positions observed
-        (its own and covered by the tokens emitted): position j was reached when the j - 1
-        before it agreed, and kept when it agreed too."""
+    def _score_depth(self, req: str, source: str, n: int, seen: int) -> None:
+        """A draft of `req` whose first `n` tokens agreed, `seen` of its own positions
+        observed: position j was reached when the j - 1 before it agreed, and kept when it
+        agreed too (over the replica; the first position over `req`'s drafts too)."""
+        if seen:
+            first = self._first.setdefault(req, {}).setdefault(source, [0.0, 0.0])
+            first[:] = [RUN_DECAY * first[0] + float(n > 0), RUN_DECAY * first[1] + 1.0]
         kept, reached = self._depth[source]
         w = self._weight[source] = self._weight[source] / DEPTH_DECAY
         if w > 1e100:  # renormalise before the weights overflow
@@ -135,16 +139,16 @@ class SourceScores:
         return agreed_ / (agreed_ + refused) if agreed_ + refused else 0.0
 
     def position_acceptance(self, req: str, source: str, longest: int) -> list[float]:
-        """The probability that each of positions 1 .. `longest` of `source`'s next draft
-        for `req` is accepted (it and every one before it): how often the request's own
-        recent drafts were accepted at their first position (the replica's rate there as
-        a prior), then, position by position, how often the replica's drafts kept a
-        position they reached (the request's per-token rate, `acceptance`, where the
-        replica has few). Not one per-token rate to the power of the position: a history
-        draft that starts right tends to run far (a response repeating a span of an
-        earlier one; in RL-Zero's second epoch on the CPU testbed, drafts that reached
-        positions 3-5 kept them 97-100% of the time, those reaching 1-2 94%), and a
-        per-token rate averages the two."""
+        """The probability that each of positions 1 .. `longest` of `source`'s (one of
+        DEPTH_SOURCES) next draft for `req` is accepted (it and every one before it): how
+        often the request's own recent drafts were accepted at their first position (the
+        replica's rate there as a prior), then, position by position, how often the
+        replica's drafts kept a position they reached (the request's per-token rate,
+        `acceptance`, where the replica has few). Not one per-token rate to the power of
+        the position: a history draft that starts right tends to run far (a response
+        repeating a span of an earlier one; in RL-Zero's second epoch on the CPU testbed,
+        drafts that reached positions 3-5 kept them 97-100% of the time, those reaching
+        1-2 94%), and a per-token rate averages the two."""
         rate = self.acceptance(req, source)
         kept, reached = self._depth[source]
         w = self._weight[source]
