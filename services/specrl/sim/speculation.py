@@ -20,7 +20,7 @@ from specrl.speculation import MAX_SPECULATIVE_TOKENS, Method
 # How EAGLE-3's conditional acceptance falls along the draft (position i+1's over
 # position i's), fitted to the paper's k series (sim/validate.py, `specrl simulate
 # validate`): what draft lengths other than a stated one are extrapolated with.
-EAGLE3_DECAY = 0.515
+EAGLE3_DECAY = 0.525
 
 
 class Speculation(BaseModel):
