@@ -12,11 +12,11 @@ without that row's batch size (leave one batch size out: the batches at either e
 then extrapolations), so no constant is judged on a row it was fitted to.
 
 What graph replays cannot decide is fitted elsewhere: the engine's costs outside the
-forward (per verified token and n-gram lookup: sim/validate.py fits them to the
-paper's rows on top of this roofline; per step and per draft forward: not identifiable
-from those rows, 0 until vLLM is measured on a GPU). Efficiencies of other GPUs are not measured: the
-fit names the one it ran on, and specrl applies it to every GPU in the table
-(hardware.MEASURED_ROOFLINE, docs/simulator.md)."""
+forward (per verified token and n-gram lookup: sim/validate.py fits them to the paper's
+rows on top of this roofline; per step and per draft forward: not identifiable from
+those rows, 0 until vLLM is measured on a GPU). Efficiencies of other GPUs are not
+measured: the fit names the one it ran on, and specrl applies it to every GPU in the
+table (hardware.MEASURED_ROOFLINE, docs/simulator.md)."""
 
 from __future__ import annotations
 
