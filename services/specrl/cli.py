@@ -378,12 +378,20 @@ def verify_lossless(
     seed: int = typer.Option(
         None, help="Seed the samples (as the orchestrator does): a rerun samples the same. Default: unseeded."
     ),
+    requests: int = typer.Option(
+        1, help="Requests each setting's samples are split over, pooled (history drafts from earlier ones)."
+    ),
     out: Path = typer.Option(None, help="Write the results as JSON here."),
 ) -> None:
     """Compare the server's sampled continuations with the exact target distribution."""
     from specrl.stats.lossless import verify_server
 
-    report = verify_server(address, model=model, samples=samples, alpha=alpha, seed=seed, console=console)
+    try:
+        report = verify_server(
+            address, model=model, samples=samples, alpha=alpha, seed=seed, requests=requests, console=console
+        )
+    except ValueError as e:
+        _fail(str(e))
     if out:
         import json
 

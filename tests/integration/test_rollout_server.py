@@ -171,35 +171,30 @@ def test_a_call_its_caller_gives_up_on_counts_as_cancelled_not_as_an_error(eagle
 
 
 def test_verify_lossless_command_against_the_running_server(eagle, tmp_path):
+    """The command's plumbing (the statistics' power is test_lossless's): each setting's
+    samples split over requests and pooled into one check; a split it cannot make is
+    refused before anything is sampled."""
     import json
     import subprocess
     import sys
 
     proc, _ = eagle
     out = tmp_path / "report.json"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "specrl.cli",
-            "verify",
-            "lossless",
-            "--address",
-            proc.address,
-            "--samples",
-            "2000",  # the command's plumbing; the statistics' power is test_lossless's
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+
+    def verify(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "specrl.cli", "verify", "lossless", "--address", proc.address, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+    run = verify("--samples", "2000", "--requests", "3", "--out", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
+    assert "request 3/3, 2000/2000 samples" in run.stderr, run.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["passed"] and report["speculation"] == "eagle3" and report["k"] == 3
     assert report["seed"] is None  # unseeded: the path the seeded cells of test_lossless leave
-    assert len(report["checks"]) == 3 and all(0 < c["power_at_tv_0.05"] <= 1 for c in report["checks"])
+    assert report["requests"] == 3 and [c["n"] for c in report["checks"]] == [2000] * 3
+    assert all(0 < c["power_at_tv_0.05"] <= 1 for c in report["checks"])
+    bad = verify("--samples", "10", "--requests", "11")
+    assert bad.returncode == 2 and "requests must be between 1 and samples (10), got 11" in bad.stderr, bad
 
 
 def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(servers):

@@ -175,6 +175,24 @@ def test_a_slope_the_steps_do_not_resolve_is_no_cost():
     assert b == pytest.approx(1e-4, rel=0.3)
 
 
+def test_a_fit_that_puts_a_steps_cost_outside_its_tokens_below_zero_is_unknown():
+    """A negative cost outside the verified tokens is no step's: the line is extrapolating
+    past the steps it saw. Taken as it came, its per-token cost is the whole step's over
+    its tokens, and draft_lengths cuts every position below ~1 (at c=64 on the CPU
+    testbed, RL-Zero epoch 1: 57 of 227 fitted steps read bases down to -125 ms and ~0.2 ms
+    a token, and drafted no further than the model's k, 72% of the tokens cut in that run;
+    history alone's own steps there fit 16 ms a step and 0.13 ms a token). Unknown
+    instead: history drafts as far as it offers, which spreads the tokens the fit sees."""
+    negative, positive = VerifyCost(), VerifyCost()
+    for i in range(40):
+        verified = 100 + (37 * i) % 120
+        negative.observe(-0.005 + 2e-4 * verified, 1, verified)
+        positive.observe(0.005 + 2e-4 * verified, 1, verified)
+    assert negative.fit(1) is None
+    base, per_token = positive.fit(1)
+    assert base == pytest.approx(0.005) and per_token == pytest.approx(2e-4)
+
+
 def test_a_cost_per_row_is_not_read_as_a_cost_per_token():
     """A large batch's tail, where the rows and the tokens vary together: each row costs
     0.5 ms (its sampling and bookkeeping), each verified token 0.01 ms. Fitted on the

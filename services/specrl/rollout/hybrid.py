@@ -227,8 +227,11 @@ class VerifyCost:
     alike draws the line through themselves: at c=1 on the CPU testbed one step of 7
     tokens among a hundred of 4 had fitted 3 ms a token where a step costs as much for 9
     tokens as for 4), or where the fit's slope is under twice its standard error (noise
-    about no cost): then history drafts as far as it offers, which also gives the fit
-    steps of different token counts."""
+    about no cost), or where it puts a step's cost outside the verified tokens at or below
+    zero (a line extrapolated past the steps it saw, whose per-token cost is then the whole
+    step's: at c=64 on the CPU testbed such fits cut history's drafts to the model's k):
+    then history drafts as far as it offers, which also gives the fit steps of different
+    token counts."""
 
     MIN_STEPS = 8
     MIN_SPREAD = 1.0  # tokens: the verified tokens' (weighted) standard deviation, given the rows
@@ -267,6 +270,8 @@ class VerifyCost:
         if b < 2 * np.sqrt(residual * inverse[-1, -1]):
             return None
         base = beta[0] + (beta[1] * rows if len(terms) == 3 else 0.0)
+        if base <= 0:  # no step costs less than nothing outside its tokens: past what it saw
+            return None
         return base, b
 
 

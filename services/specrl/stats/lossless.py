@@ -134,6 +134,7 @@ def verify_server(
     alpha: float,
     length: int = 3,
     seed: int | None = None,
+    requests: int = 1,
     console=None,
 ) -> dict:
     """Sample through a running rollout server under each SETTINGS entry and test the
@@ -142,7 +143,13 @@ def verify_server(
     seed + i * samples + j (vLLM seeds the n samples of a request from its seed up), the
     way the orchestrator seeds rollouts: a rerun samples the same and its verdict is the
     same; unseeded, each run is a fresh draw that a correct sampler fails with
-    probability alpha per setting."""
+    probability alpha per setting. `requests` splits each setting's samples over that many
+    requests of the prompt, one after another, pooled into one check: history drafts from
+    the earlier requests of a prompt, so a check over many requests covers drafts from a
+    growing history, and a large check needs no single request of that many sequences
+    (seeds run on across the requests as over one)."""
+    if not 1 <= requests <= samples:
+        raise ValueError(f"requests must be between 1 and samples ({samples}), got {requests}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specrl.rollout.api import RolloutClient
@@ -158,15 +165,24 @@ def verify_server(
             exact = continuation_distribution(
                 hf, prompt_ids, length=length, eos_id=tok.eos_token_id, **setting
             )
-            seeds = {} if seed is None else {"seed": seed + i * samples}
-            resp = client.generate(
-                [prompt_ids], n=samples, max_tokens=length, return_text=False, **seeds, **setting
-            )
-            acc = [s.acceptance for s in resp.samples]
+            sampled = []
+            for r in range(requests):
+                n = samples // requests + (r < samples % requests)
+                seeds = {} if seed is None else {"seed": seed + i * samples + len(sampled)}
+                resp = client.generate(
+                    [prompt_ids], n=n, max_tokens=length, return_text=False, **seeds, **setting
+                )
+                sampled += resp.samples
+                if console is not None and requests > 1:
+                    console.print(
+                        f"[dim]T={setting['temperature']} top_p={setting['top_p']}: "
+                        f"request {r + 1}/{requests}, {len(sampled)}/{samples} samples[/dim]"
+                    )
+            acc = [s.acceptance for s in sampled]
             drafts = sum(a.drafts for a in acc)
             al = 1 + sum(a.accepted_tokens for a in acc) / drafts if drafts else 1.0
             check = check_samples(
-                [list(s.token_ids) for s in resp.samples],
+                [list(s.token_ids) for s in sampled],
                 exact,
                 length=length,
                 setting=setting,
@@ -191,6 +207,7 @@ def verify_server(
         "k": status.num_speculative_tokens,
         "alpha": alpha,
         "seed": seed,
+        "requests": requests,
         "passed": passed,
         "checks": rows,
     }
