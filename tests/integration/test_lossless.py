@@ -95,14 +95,16 @@ SEED_ORDER = [
 
 # the priming samples' seeds: blocks of N past every cell's
 PRIME_BLOCKS = 1000
-# Except the hybrid's: its drafts are not a function of the seeds (how far history drafts
-# follows the step times it measures, VerifyCost), so a rerun samples differently and the
-# verdict is not reproducible anyway, and a block whose draw sits low for this method stays
-# low run after run: its fixed block (108001-114000) read T=1.0 p = 0.024-0.040 in 4 runs,
-# and 0.00075-0.075 in 9 (2 failures) with history drafting further, where AR on the same
+# A cell's checked seeds start at its place in SEED_ORDER, except the hybrid's: its drafts
+# are not a function of the seeds (how far history drafts follows the step times it
+# measures, VerifyCost), so a rerun samples differently and the verdict is not
+# reproducible anyway, and a block whose draw sits low for this method stays low run after
+# run: its fixed block (108001-114000) read T=1.0 p = 0.024-0.040 in 4 runs, and
+# 0.00075-0.075 in 9 (2 failures) with history drafting further, where AR on the same
 # seeds reads 0.92 and EAGLE-3 alone 0.09, and 48,000 samples pooled over 8 requests read
 # p = 0.33-0.99, seeded elsewhere or not (docs/draft.md). So its cell seeds from a fresh
-# block each run (printed): a correct sampler fails a check with probability ALPHA.
+# block each run (printed), past every fixed one: a correct sampler fails a check with
+# probability ALPHA.
 FRESH_SEEDS = {"hybrid-k3"}
 
 
@@ -150,8 +152,8 @@ def sample(client, ids, setting, n=N, seed=None):
 
 @pytest.mark.parametrize("method, k, draft, spec", METHODS, ids=[cell_id(m, k, s) for m, k, _, s in METHODS])
 def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method, k, draft, spec):
-    cell = SEED_ORDER.index(cell_id(method, k, spec))
-    base = seed_base(cell_id(method, k, spec))
+    name = cell_id(method, k, spec)
+    cell, base = SEED_ORDER.index(name), seed_base(name)
     proc = servers.get(server_config(method, k, draft, spec))
     with RolloutClient(proc.address) as c:
         if spec is HYBRID:
