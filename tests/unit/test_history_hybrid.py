@@ -355,6 +355,26 @@ def test_where_verification_is_fitted_each_path_is_timed_at_the_tokens_it_verifi
     assert asked[-1][2] == (pytest.approx(0.015), pytest.approx(0.022))
 
 
+def test_history_alone_is_expected_to_emit_what_its_draft_now_offers(monkeypatch):
+    """A step of history's drafts alone is judged by the draft history offers now,
+    position by position (SourceScores.position_acceptance), not by the tokens its last
+    drafts agreed: "b"'s last draft agreed all 3, its next offers one token (at epoch 0 on
+    the CPU testbed, steps taken on such scores emitted 2.3 tokens a row where the draft
+    model's emitted 3.6)."""
+    asked = []
+    pays = StepCosts.first_pass_pays
+    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *a: asked.append(a) or pays(self, *a))
+    runner = _Runner()
+    install_hybrid(runner, {"min_match": 1}, 1, 1)
+    runner.step({"a": [*PROMPT, 5, 6, 7, 8, 10], "m": [30, 31, 32, 33, 34]}, [[10], [34]])
+    runner.step({"m": [30, 31, 32, 33, 34, 35]}, [[35]])  # "a" ended: in history
+    assert runner.step({"b": [*PROMPT, 5]}, [[5]]) == [[6, 7, 8]]
+    assert runner.step({"b": [*PROMPT, 5, 6, 7, 8]}, [[6, 7, 8]]) == [[10]]
+    tokens_first_pass, tokens_full, _ = asked[-1]
+    assert 1.0 < tokens_first_pass <= 2.0  # its one token, likely accepted (was 1 + 1.5)
+    assert tokens_full == pytest.approx(tokens_first_pass)  # the model's "b" never measured
+
+
 def test_when_history_alone_would_be_slower_the_draft_model_drafts_and_rows_take_the_better(monkeypatch):
     """Every row has a history draft, but the step's tokens per second are expected to be
     higher with the draft model's (StepCosts): it drafts all k positions, and each row

@@ -18,8 +18,9 @@ over `min_match` tokens at least and it drafts `min_draft` tokens at least, and 
 candidate is taken where history's drafts have agreed with the policy's samples on that
 request at least as well as the draft model's lately (specrl.rollout.hybrid: both
 sources' drafts are scored every step, verified or not). When history's drafts alone are
-expected to give more tokens per second (their expected accepted tokens, none for a row
-without a candidate, over the step's time without the draft model's k - 1 positions,
+expected to give more tokens per second (their expected accepted tokens, position by
+position as SourceScores.position_acceptance has them, none for a row without a
+candidate, over the step's time without the draft model's k - 1 positions,
 against the better source per row over the step's time with them, both times measured:
 StepCosts; each path's time outside the draft model at the tokens it verifies, where
 that cost is fitted: VerifyCost), the draft model runs its first pass only (over the
@@ -207,15 +208,20 @@ def install_hybrid(
         in_pass = len(left_out) < len(batch.req_ids)  # a row the draft model's pass runs over
         # tokens each row is expected to emit: without the model's positions, history's
         # draft or none (a row without a candidate emits its one sampled token); with them,
-        # the better source's
-        expected = {i: scores.expected(batch.req_ids[i]) for i in live}
-        tokens_first_pass = sum(1 + expected[i]["history"] for i in candidates) + len(live) - len(candidates)
-        tokens_full = sum(
-            1 + (max(e.values()) if i in candidates else e["model"]) for i, e in expected.items()
-        )
+        # the better source's. History's, the draft it offers now to the model's k, position
+        # by position (position_acceptance), not its last drafts' agreed tokens: one lucky
+        # match of a prompt's span lifts those, and a step of history alone then emits
+        # fewer tokens than the model would have (module docstring)
+        accept = {
+            i: scores.position_acceptance(batch.req_ids[i], "history", len(found[i])) for i in candidates
+        }
+        own = {i: sum(accept[i][:k]) for i in candidates}
+        model = {i: scores.expected(batch.req_ids[i])["model"] for i in live}
+        tokens_first_pass = sum(1 + own[i] for i in candidates) + len(live) - len(candidates)
+        tokens_full = sum(1 + (max(own[i], m) if i in candidates else m) for i, m in model.items())
         # each path's seconds outside the draft model at the tokens it verifies up to the
         # model's k (history's draft alone, or k a row), where verification is fitted
-        fit = verify.fit(len(live))
+        fit = verify.fit(len(live)) if candidates else None  # needed where history drafts only
         verified = (sum(1 + min(len(found[i]), k) for i in candidates) + len(live) - len(candidates),
                     len(live) * (1 + k))  # fmt: skip
         rest = None if fit is None else (fit[0] + fit[1] * verified[0], fit[0] + fit[1] * verified[1])
@@ -234,9 +240,6 @@ def install_hybrid(
         if longest > k and takes:
             # at the model's k: history's draft alone, or the model's k with history's first
             short = {i: min(len(found[i]), k) if first_pass_only else k for i in takes}
-            accept = {
-                i: scores.position_acceptance(batch.req_ids[i], "history", len(found[i])) for i in takes
-            }
             rows = [(accept[i], short[i], len(found[i])) for i in takes]
             if fit is None:  # verification's cost unknown: as far as history drafts, to be timed
                 reach = dict(zip(takes, draft_lengths(rows, 1.0, 1.0, 0.0)))
