@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from specrl.config import SpeculationConfig
+from specrl.rollout import hybrid
 from specrl.rollout.engines.vllm import history as vllm_history
 from specrl.rollout.engines.vllm.history import install_hybrid
 from specrl.rollout.history import HistoryIndex
@@ -445,6 +446,41 @@ def test_a_request_whose_history_drafts_the_policy_rejects_moves_to_the_draft_mo
     # so "b" is given a context history matches: the earlier response's 5, 6, 7
     drafts = runner.step({"b": [*PROMPT, 5, 6, 7], "z": [20, 21, 22, 23, 24, 25]}, [[9], [25]])
     assert drafts[0] == [MODEL_TOKEN] * 3
+
+
+def test_a_request_history_has_nothing_for_is_looked_up_only_now_and_then(monkeypatch):
+    """A request whose history drafts were not taken QUIET_AFTER steps in a row is looked
+    up (and scored) only every PROBE_EVERY steps; its tokens still go into its prompt's
+    tree every step (a sibling drafts from them); once a lookup's draft is taken, it is
+    looked up every step again."""
+    monkeypatch.setattr(hybrid, "QUIET_AFTER", 2)
+    monkeypatch.setattr(hybrid, "PROBE_EVERY", 2)
+    looked = []  # the last context token of each lookup
+    propose = HistoryIndex.propose
+
+    def recording(self, key, seq, context, *args, **kwargs):
+        looked.append(int(context[-1]))
+        return propose(self, key, seq, context, *args, **kwargs)
+
+    monkeypatch.setattr(HistoryIndex, "propose", recording)
+    _model_drafts_every_step(monkeypatch)
+    runner, _ = _hybrid(min_draft=1)
+    z = [20, 21, 22, 23]  # a prompt history never saw
+    looked.clear()
+    for t in range(24, 30):  # quiet 0 and 1: looked up; then every other step
+        assert runner.step({"z": [*z, *range(24, t + 1)]}, [[t]]) == [[MODEL_TOKEN] * 3]
+    assert looked == [24, 25, 26, 28]
+    runner.step({"z": [*z, *range(24, 31)]}, [[30]])  # a probe
+    # a sibling behind it drafts the tokens "z" emitted on steps it was not looked up
+    drafts = runner.step({"z": [*z, *range(24, 32)], "y": [*z, 24, 25, 26]}, [[31], [26]])
+    assert drafts == [[MODEL_TOKEN] * 3, [27, 28, 29]] and looked[-2:] == [30, 26]
+    # the sibling wrote 50 .. 53; at its next probe "z" emits 50 and takes history's draft
+    # (as long as the match: 1 token), the model's after it
+    y, z_now = [*z, 24, 25, 26, 50, 51, 52, 53], [*z, *range(24, 32), 50]
+    drafts = runner.step({"y": y, "z": z_now}, [[50, 51, 52, 53], [50]])
+    assert drafts[1] == [51, MODEL_TOKEN, MODEL_TOKEN] and looked[-1] == 50
+    runner.step({"y": [*y, 54], "z": [*z_now, 51]}, [[54], [51]])
+    assert looked[-1] == 51  # looked up again the next step
 
 
 class _EagleRunner(_Runner):

@@ -43,7 +43,10 @@ first pass and positions run over the other rows only: the price the hybrid paid
 history alone where history drafts most rows (large batches of prompts that come back).
 Without a history draft, or once the draft model's last score on it is better, the
 request is back in the passes, its draft model's KV cache stale over the steps it was
-out (drafts worse there, never wrong).
+out (drafts worse there, never wrong). A request whose history drafts have not been
+taken for `hybrid.QUIET_AFTER` steps in a row is looked up in history (and both its
+drafts scored) only every `hybrid.PROBE_EVERY` steps; its tokens still go into its
+prompt's tree every step, for its siblings.
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
 both drafts are deterministic functions of what the engine holds before the step (the
@@ -61,13 +64,21 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
 
 from specrl.rollout.engines.vllm.drafter_rows import DrafterRows
 from specrl.rollout.history import HistoryIndex
-from specrl.rollout.hybrid import REMEASURE_EVERY, SourceScores, StepCosts, VerifyCost, draft_lengths
+from specrl.rollout.hybrid import (
+    REMEASURE_EVERY,
+    SourceScores,
+    StepCosts,
+    VerifyCost,
+    draft_lengths,
+    looks_up,
+)
 
 PROPOSER = f"{__name__}.HistoryProposer"
 
@@ -100,7 +111,9 @@ class HistoryProposer:
         slot_mappings=None,
         k: int | None = None,
         min_depth: int = 0,
+        skip: Collection[int] = (),
     ) -> list[list[int]]:
+        """Each row's draft; `skip`: rows only extended, not looked up (no draft)."""
         if self.runner is None:
             return [[] for _ in sampled_token_ids]
         batch = self.runner.input_batch
@@ -115,6 +128,9 @@ class HistoryProposer:
             if n > seen:  # the batch's int32 rows go to the native tree without a copy
                 self.index.extend(key, seq, token_ids_cpu[i, seen:n])
             self._requests[req_id] = (key, seq, n)
+            if i in skip:
+                drafts.append([])
+                continue
             k_row = min(self.k if k is None else k, self.max_model_len - n - 1)
             context = token_ids_cpu[i, max(0, n - self.index.max_depth - 1) : n]
             drafts.append(self.index.propose(key, seq, context, k_row, min_depth))
@@ -169,6 +185,7 @@ def install_hybrid(
     drafter = getattr(runner, "drafter", None)
     drafter_rows = DrafterRows(runner) if leave_out_after and DrafterRows.supported(drafter) else None
     alone: dict[str, int] = {}  # per request: steps in a row it took history's draft
+    quiet: dict[str, int] = {}  # per request: steps in a row it did not (looks_up)
     propose_model = runner.propose_draft_token_ids
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
@@ -187,13 +204,22 @@ def install_hybrid(
         longest = k + history.k - model_k if k else 0  # history's, past the model's if allowed
         if rest_s is not None:
             verify.observe(rest_s, last[1], last[2])
+        live = [i for i, sampled in enumerate(sampled_token_ids) if len(sampled)]
+        # a request whose history drafts have not been taken for a while is looked up, and
+        # its drafts offered for scoring, only now and then (hybrid.QUIET_AFTER)
+        skip = {i for i in live if not looks_up(quiet.get(batch.req_ids[i], 0))}
         found = history.propose(
-            sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu, k=longest, min_depth=min_match
+            sampled_token_ids,
+            batch.num_tokens_no_spec,
+            batch.token_ids_cpu,
+            k=longest,
+            min_depth=min_match,
+            skip=skip,
         )
         scores.retain(runner.requests.keys())
-        for req in alone.keys() - runner.requests.keys():
-            del alone[req]
-        live = [i for i, sampled in enumerate(sampled_token_ids) if len(sampled)]
+        for streaks in (alone, quiet):
+            for req in streaks.keys() - runner.requests.keys():
+                del streaks[req]
         at = {i: int(batch.num_tokens_no_spec[i]) for i in live}
         for i in live:
             scores.score(batch.req_ids[i], sampled_token_ids[i], at[i])
@@ -282,7 +308,7 @@ def install_hybrid(
             drafts = drafts.tolist()  # ragged where history drafts past the draft model
             history.rows["history"] += len(chosen)
             history.rows["model"] += len(live) - len(chosen)
-            for i in set(live) - left_out:  # a row left out has no draft of the model's
+            for i in set(live) - left_out - skip:  # a row left out has no draft of the model's
                 scores.offer(batch.req_ids[i], "model", drafts[i], at[i])
             for i in candidates:  # history's draft, the model's after it: what would be verified
                 row = found[i] + (drafts[i][len(found[i]) :] if i not in left_out else [])
@@ -295,6 +321,7 @@ def install_hybrid(
         for i in live:
             req = batch.req_ids[i]
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
+            quiet[req] = 0 if i in took else quiet.get(req, 0) + 1
         last = set(batch.req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
         returned_at = time.perf_counter()
         return drafts
