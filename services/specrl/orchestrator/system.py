@@ -117,8 +117,6 @@ class System:
             start_all([*self.rollout, *self.trainer])
         except ServerDied as e:
             raise StartupError(str(e)) from None
-        for p in self.rollout:  # a restart binds the address its replica is known by
-            p.cfg = p.cfg.model_copy(update={"port": p.port})
         self.replicas += [p.address for p in self.rollout]
         if self.placement is not None and cfg.rollout.autoscale.enabled:  # the autoscaler's to scale
             self.discovery = RayFleet(self.rollout, self._add_replica, cfg.rollout.discover_every_s)
