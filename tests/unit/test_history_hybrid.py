@@ -448,14 +448,12 @@ def test_a_request_whose_history_drafts_the_policy_rejects_moves_to_the_draft_mo
     assert drafts[0] == [MODEL_TOKEN] * 3
 
 
-def test_a_request_history_has_nothing_for_is_looked_up_only_now_and_then(monkeypatch):
-    """A request whose history drafts were not taken QUIET_AFTER steps in a row is looked
-    up (and scored) only every PROBE_EVERY steps; its tokens still go into its prompt's
-    tree every step (a sibling drafts from them); once a lookup's draft is taken, it is
-    looked up every step again."""
+def _record_lookups(monkeypatch) -> list[int]:
+    """QUIET_AFTER and PROBE_EVERY at 2, the draft model drafting every step; the list
+    each history lookup appends its context's last token to."""
     monkeypatch.setattr(hybrid, "QUIET_AFTER", 2)
     monkeypatch.setattr(hybrid, "PROBE_EVERY", 2)
-    looked = []  # the last context token of each lookup
+    looked: list[int] = []
     propose = HistoryIndex.propose
 
     def recording(self, key, seq, context, *args, **kwargs):
@@ -464,6 +462,15 @@ def test_a_request_history_has_nothing_for_is_looked_up_only_now_and_then(monkey
 
     monkeypatch.setattr(HistoryIndex, "propose", recording)
     _model_drafts_every_step(monkeypatch)
+    return looked
+
+
+def test_a_request_history_has_nothing_for_is_looked_up_only_now_and_then(monkeypatch):
+    """A request whose history drafts were not taken QUIET_AFTER steps in a row is looked
+    up (and scored) only every PROBE_EVERY steps; its tokens still go into its prompt's
+    tree every step (a sibling drafts from them); once a lookup's draft is taken, it is
+    looked up every step again."""
+    looked = _record_lookups(monkeypatch)
     runner, _ = _hybrid(min_draft=1)
     z = [20, 21, 22, 23]  # a prompt history never saw
     looked.clear()
@@ -481,6 +488,34 @@ def test_a_request_history_has_nothing_for_is_looked_up_only_now_and_then(monkey
     assert drafts[1] == [51, MODEL_TOKEN, MODEL_TOKEN] and looked[-1] == 50
     runner.step({"y": [*y, 54], "z": [*z_now, 51]}, [[54], [51]])
     assert looked[-1] == 51  # looked up again the next step
+
+
+def test_a_new_request_on_a_replica_whose_rows_seldom_take_history_starts_quiet(monkeypatch):
+    """Where under IDLE_SHARE of a replica's last rows took history's draft (IDLE_ROWS of
+    them at least), a new request is looked up on its first step, then only every
+    PROBE_EVERY steps; one whose lookup is taken is looked up every step again, and the
+    replica's new requests are again from their first step once its share recovers."""
+    looked = _record_lookups(monkeypatch)
+    monkeypatch.setattr(hybrid, "IDLE_ROWS", 5.0)
+    runner, _ = _hybrid(min_draft=1)  # 3 rows so far, none took history's draft
+    for t in range(24, 27):  # 6 rows (5.8 decayed): the replica is idle from here on
+        runner.step({"z": [20, 21, 22, 23, *range(24, t + 1)]}, [[t]])
+    looked.clear()
+    w = [40, 41, 42, 43]  # another prompt history never saw
+    for t in range(24, 29):
+        runner.step({"w": [*w, *range(24, t + 1)]}, [[t]])
+    assert looked == [24, 26, 28]
+    # "v" (a sample of PROMPT again) is looked up on its first step and takes the draft:
+    # every step from then on
+    runner.step({"v": [*PROMPT, 5]}, [[5]])
+    drafts = runner.step({"v": [*PROMPT, 5, 6]}, [[6]])
+    assert drafts == [[7, 8, MODEL_TOKEN]] and looked[-2:] == [5, 6]
+    for _ in range(9):  # 10 rows, all taking history's draft: the share recovers
+        runner.step({"v": [*PROMPT, 5, 6, 7]}, [[7]])
+    looked.clear()
+    runner.step({"u": [50, 51, 52, 53, 24]}, [[24]])
+    runner.step({"u": [50, 51, 52, 53, 24, 25]}, [[25]])
+    assert looked == [24, 25]
 
 
 class _EagleRunner(_Runner):

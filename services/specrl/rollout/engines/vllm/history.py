@@ -46,7 +46,9 @@ request is back in the passes, its draft model's KV cache stale over the steps i
 out (drafts worse there, never wrong). A request whose history drafts have not been
 taken for `hybrid.QUIET_AFTER` steps in a row is looked up in history (and both its
 drafts scored) only every `hybrid.PROBE_EVERY` steps; its tokens still go into its
-prompt's tree every step, for its siblings.
+prompt's tree every step, for its siblings. Where few of the replica's rows take
+history's drafts (`hybrid.IDLE_SHARE`: a first epoch, new prompts) a new request starts
+so, looked up on its first step.
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
 both drafts are deterministic functions of what the engine holds before the step (the
@@ -75,6 +77,7 @@ from specrl.rollout.hybrid import (
     REMEASURE_EVERY,
     SourceScores,
     StepCosts,
+    TakenShare,
     VerifyCost,
     draft_lengths,
     looks_up,
@@ -186,6 +189,7 @@ def install_hybrid(
     drafter_rows = DrafterRows(runner) if leave_out_after and DrafterRows.supported(drafter) else None
     alone: dict[str, int] = {}  # per request: steps in a row it took history's draft
     quiet: dict[str, int] = {}  # per request: steps in a row it did not (looks_up)
+    share = TakenShare()  # the replica's rows that took it: where a new request's quiet starts
     propose_model = runner.propose_draft_token_ids
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
@@ -206,8 +210,10 @@ def install_hybrid(
             verify.observe(rest_s, last[1], last[2])
         live = [i for i, sampled in enumerate(sampled_token_ids) if len(sampled)]
         # a request whose history drafts have not been taken for a while is looked up, and
-        # its drafts offered for scoring, only now and then (hybrid.QUIET_AFTER)
-        skip = {i for i in live if not looks_up(quiet.get(batch.req_ids[i], 0))}
+        # its drafts offered for scoring, only now and then (hybrid.QUIET_AFTER); a new
+        # one too where the replica's rows seldom take history's draft (hybrid.IDLE_SHARE)
+        start = share.quiet_start()
+        skip = {i for i in live if not looks_up(quiet.get(batch.req_ids[i], start))}
         found = history.propose(
             sampled_token_ids,
             batch.num_tokens_no_spec,
@@ -321,7 +327,8 @@ def install_hybrid(
         for i in live:
             req = batch.req_ids[i]
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
-            quiet[req] = 0 if i in took else quiet.get(req, 0) + 1
+            quiet[req] = 0 if i in took else quiet.get(req, start) + 1
+        share.observe(len(took), len(live))
         last = set(batch.req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
         returned_at = time.perf_counter()
         return drafts
