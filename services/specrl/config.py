@@ -145,6 +145,11 @@ class HistoryConfig(StrictModel):
     # draft model's passes (EAGLE-3 only), for as long as history keeps drafting it: the
     # draft model's work runs over the other requests only (0: never leave one out).
     hybrid_leave_out_after: int = Field(2, ge=0)
+    # A replica where under this share of the rows took history's draft lately (a first
+    # epoch, new prompts) starts new requests looked up only every few steps and runs the
+    # steps in which no row took it on vLLM's padded drafter path, the draft model alone
+    # (rollout/hybrid.py TakenShare; 0: never, 1: whenever nothing was taken).
+    hybrid_idle_share: float = Field(0.1, ge=0, le=1)
 
     @model_validator(mode="after")
     def _check(self) -> HistoryConfig:
@@ -164,6 +169,7 @@ class HistoryConfig(StrictModel):
             "hybrid_min_match",
             "hybrid_max_draft",
             "hybrid_leave_out_after",
+            "hybrid_idle_share",
         }
         return self.model_dump(exclude=hybrid)
 

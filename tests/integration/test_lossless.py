@@ -72,12 +72,18 @@ HYBRID = {
         "hybrid_leave_out_after": 1,
     }
 }
+# The hybrid on a replica counted idle wherever a row did not take history's draft
+# (hybrid_idle_share 1.0), with history's drafts seldom candidates (4 tokens at least, of
+# 3-token samples): a step in which none took one puts the next ones on vLLM's padded
+# drafter path, the draft model alone, so requests run steps on both paths.
+HYBRID_IDLE = {"history": {**HYBRID["history"], "hybrid_idle_share": 1.0, "hybrid_min_draft": 4}}
 METHODS = [
     ("draft_model", 3, "zoo:draft", None),
     ("ngram", 3, None, NGRAM),
     ("history", 3, None, HISTORY),
     ("eagle3", 3, "zoo:eagle3-domain", HYBRID),
     ("eagle3", 3, "zoo:eagle3-domain", None),
+    ("eagle3", 3, "zoo:eagle3-domain", HYBRID_IDLE),
 ]
 # Each cell's seeds by its place here, which only grows at the end: a cell added (or
 # retired: the k = 1 cells keep their places) does not move the seeds (and so the
@@ -90,6 +96,7 @@ SEED_ORDER = [
     "eagle3-k3",
     "history-k3",
     "hybrid-k3",
+    "hybrid-idle-k3",
 ]
 
 
@@ -105,7 +112,7 @@ PRIME_BLOCKS = 1000
 # p = 0.33-0.99, seeded elsewhere or not (docs/draft.md). So its cell seeds from a fresh
 # block each run (printed), past every fixed one: a correct sampler fails a check with
 # probability ALPHA.
-FRESH_SEEDS = {"hybrid-k3"}
+FRESH_SEEDS = {"hybrid-k3", "hybrid-idle-k3"}
 
 
 def seed_base(cell: str) -> int:
@@ -118,7 +125,8 @@ def seed_base(cell: str) -> int:
 
 
 def cell_id(method: str, k: int, spec: dict | None) -> str:
-    return f"{'hybrid' if spec is HYBRID else method}-k{k}"
+    name = {id(HYBRID): "hybrid", id(HYBRID_IDLE): "hybrid-idle"}.get(id(spec), method)
+    return f"{name}-k{k}"
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +166,7 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
     with RolloutClient(proc.address) as c:
         if spec is HYBRID:
             long_drafts_pay_where_history_repeats(c, hf, k)
-        if spec in (HISTORY, HYBRID):  # history from another distribution first
+        if spec in (HISTORY, HYBRID, HYBRID_IDLE):  # history from another distribution first
             sample(c, hf[2], {"temperature": 2.0}, seed=SEED + (PRIME_BLOCKS + cell) * N)
         for i, setting in enumerate(SETTINGS):
             samples, al = sample(c, hf[2], setting, seed=base + i * N)
@@ -180,6 +188,10 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
             assert state.first_pass_only_steps > 0, state  # and history alone, the model skipped
             assert state.long_draft_steps > 0, state  # and drafts past the model's k
             assert state.left_out_rows > 0, state  # and rows left out of the model's passes
+        if spec is HYBRID_IDLE:  # both paths ran
+            state = c.status().speculation
+            print(name, state)
+            assert state.padded_steps > 0 and state.model_rows > 0, state
 
 
 def long_drafts_pay_where_history_repeats(client, hf, k: int) -> None:

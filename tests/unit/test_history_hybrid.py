@@ -491,7 +491,7 @@ def test_a_request_history_has_nothing_for_is_looked_up_only_now_and_then(monkey
 
 
 def test_a_new_request_on_a_replica_whose_rows_seldom_take_history_starts_quiet(monkeypatch):
-    """Where under IDLE_SHARE of a replica's last rows took history's draft (IDLE_ROWS of
+    """Where under its idle share of a replica's last rows took history's draft (IDLE_ROWS of
     them at least), a new request is looked up on its first step, then only every
     PROBE_EVERY steps; one whose lookup is taken is looked up every step again, and the
     replica's new requests are again from their first step once its share recovers."""
@@ -516,6 +516,39 @@ def test_a_new_request_on_a_replica_whose_rows_seldom_take_history_starts_quiet(
     runner.step({"u": [50, 51, 52, 53, 24]}, [[24]])
     runner.step({"u": [50, 51, 52, 53, 24, 25]}, [[25]])
     assert looked == [24, 25]
+
+
+def test_an_idle_replica_runs_steps_on_the_padded_path_and_extends_history_from_them(monkeypatch):
+    """On a replica where history is idle, a step in which no row took history's draft
+    turns vLLM's padded drafter path on for the next PROBE_EVERY - 1 steps: those hand
+    the draft model's drafts through (called with the step's sampled tensor, -1 past the
+    accepted tokens) and extend history's trees from it; then the unpadded path is back."""
+    _model_drafts_every_step(monkeypatch)
+    monkeypatch.setattr(hybrid, "IDLE_ROWS", 3.0)
+    runner = _Runner()
+    runner.speculative_config = SimpleNamespace(disable_padded_drafter_batch=True)
+    runner.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
+    history = install_hybrid(runner, {"min_match": 1}, 1, 1)
+    z = [20, 21, 22, 23]
+    runner.step({"z": [*z, 24], "m": [30, 31, 32, 33, 34]}, [[24], [34]])
+    assert runner.speculative_config.disable_padded_drafter_batch  # 2 rows seen, not yet
+    runner.step({"z": [*z, 24, 25], "m": [30, 31, 32, 33, 34, 35]}, [[25], [35]])
+    assert not runner.speculative_config.disable_padded_drafter_batch
+    scheduled = SimpleNamespace(num_spec_tokens_to_schedule=runner.engine_k)
+    emitted = [[26, 27, -1, -1], [40, 41, 42, 43], [50, -1, -1, -1]]  # "z"'s
+    for step in range(hybrid.PROBE_EVERY - 1):
+        # before bookkeeping: the batch holds last step's tokens; "m" ends after this step
+        runner.batch({"z": [*z, 24, 25], "m": [30, 31, 32, 33, 34, 35]})
+        runner.discard_request_mask.np[1] = step == 1  # vLLM discards "m"'s row: nothing added
+        sampled = torch.tensor([emitted[step], [36 + step, -1, -1, -1]])
+        drafts = runner.propose_draft_token_ids(scheduled, sampled)
+        assert drafts.tolist() == [[MODEL_TOKEN] * 3] * 2
+        assert runner.speculative_config.disable_padded_drafter_batch == (step == hybrid.PROBE_EVERY - 2)
+    assert history.rows["padded"] == hybrid.PROBE_EVERY - 1
+    # "y", a sibling of "z", drafts what "z" emitted on the padded steps; "m" and "w"
+    # (another sample of m's prompt) show the discarded row added nothing
+    drafts = runner.step({"y": [*z, 24, 25, 26], "w": [30, 31, 32, 33, 34, 35, 36]}, [[26], [36]])
+    assert drafts == [[27, 40, 41], [38, MODEL_TOKEN, MODEL_TOKEN]]
 
 
 class _EagleRunner(_Runner):

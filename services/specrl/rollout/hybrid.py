@@ -51,12 +51,12 @@ REMEASURE_EVERY = 16
 # still go into the tree every step: its siblings draft from them.
 QUIET_AFTER = 8
 PROBE_EVERY = 4
-# a replica where under IDLE_SHARE of the rows took history's draft over about its last
-# 50 steps (SHARE_DECAY; IDLE_ROWS rows at least) starts each new request as quiet: looked
-# up on its first step, then every PROBE_EVERY steps until a draft of history's is taken.
-# Where responses are short (RL-Zero's ~13 steps on the testbed) a request's own count
-# hardly reaches QUIET_AFTER, yet at its first epoch 1-4% of the rows took history's draft
-IDLE_SHARE = 0.1
+# a replica where under its idle share (history.hybrid_idle_share) of the rows took
+# history's draft over about its last 50 steps (SHARE_DECAY; IDLE_ROWS rows at least)
+# starts each new request as quiet: looked up on its first step, then every PROBE_EVERY
+# steps until a draft of history's is taken. Where responses are short (RL-Zero's ~13
+# steps on the testbed) a request's own count hardly reaches QUIET_AFTER, yet at its
+# first epoch 1-4% of the rows took history's draft
 SHARE_DECAY = 0.98
 IDLE_ROWS = 64.0
 
@@ -69,18 +69,23 @@ def looks_up(quiet: int) -> bool:
 
 class TakenShare:
     """The share of a replica's rows that took history's draft, over its last steps
-    (SHARE_DECAY), and so where a new request's quiet count starts (IDLE_SHARE)."""
+    (SHARE_DECAY): under `idle_share`, the replica is idle, and a new request's quiet
+    count starts at QUIET_AFTER."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_share: float = 0.1) -> None:
+        self.idle_share = idle_share
         self.taken = self.rows = 0.0
 
     def observe(self, taken: int, rows: int) -> None:
         self.taken = SHARE_DECAY * self.taken + taken
         self.rows = SHARE_DECAY * self.rows + rows
 
+    @property
+    def idle(self) -> bool:
+        return self.rows >= IDLE_ROWS and self.taken < self.idle_share * self.rows
+
     def quiet_start(self) -> int:
-        idle = self.rows >= IDLE_ROWS and self.taken < IDLE_SHARE * self.rows
-        return QUIET_AFTER if idle else 0
+        return QUIET_AFTER if self.idle else 0
 
 
 def agreed(draft: Sequence[int], emitted: Sequence[int]) -> int:

@@ -148,6 +148,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             first_pass_only_steps=history.get("first_pass_only", 0),
             long_draft_steps=history.get("long_drafts", 0),
             left_out_rows=history.get("left_out", 0),
+            padded_steps=history.get("padded", 0),
         )
 
     async def SetSpeculation(self, request, context):

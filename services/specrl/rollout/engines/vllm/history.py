@@ -47,8 +47,14 @@ out (drafts worse there, never wrong). A request whose history drafts have not b
 taken for `hybrid.QUIET_AFTER` steps in a row is looked up in history (and both its
 drafts scored) only every `hybrid.PROBE_EVERY` steps; its tokens still go into its
 prompt's tree every step, for its siblings. Where few of the replica's rows take
-history's drafts (`hybrid.IDLE_SHARE`: a first epoch, new prompts) a new request starts
-so, looked up on its first step.
+history's drafts (`history.hybrid_idle_share`: a first epoch, new prompts) a new request starts
+so, looked up on its first step. Such a replica, in a step where no row took history's
+draft, also runs the next `hybrid.PROBE_EVERY` - 1 steps on vLLM's padded drafter path
+(vLLM reads `disable_padded_drafter_batch` every step): the draft model drafts alone,
+before bookkeeping, as EAGLE-3 alone does, and history's trees are extended from those
+steps' sampled tokens (`HistoryProposer.extend_sampled`). RL-Zero epoch 0, c=16 on the
+testbed: the unpadded path made the draft model's call ~12% longer, and ~1% fewer tokens
+a step were emitted (docs/draft.md).
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
 both drafts are deterministic functions of what the engine holds before the step (the
@@ -74,6 +80,7 @@ import numpy as np
 from specrl.rollout.engines.vllm.drafter_rows import DrafterRows
 from specrl.rollout.history import HistoryIndex
 from specrl.rollout.hybrid import (
+    PROBE_EVERY,
     REMEASURE_EVERY,
     SourceScores,
     StepCosts,
@@ -96,7 +103,14 @@ class HistoryProposer:
         # hybrid: rows drafted by each source, steps the draft model ran its first pass only,
         # steps history drafted past the draft model's k (history.hybrid_max_draft), rows
         # left out of the draft model's passes
-        self.rows = {"history": 0, "model": 0, "first_pass_only": 0, "long_drafts": 0, "left_out": 0}
+        self.rows = {
+            "history": 0,
+            "model": 0,
+            "first_pass_only": 0,
+            "long_drafts": 0,
+            "left_out": 0,
+            "padded": 0,
+        }
 
     def attach(self, runner: Any, settings: dict) -> None:
         self.runner = runner
@@ -137,11 +151,30 @@ class HistoryProposer:
             k_row = min(self.k if k is None else k, self.max_model_len - n - 1)
             context = token_ids_cpu[i, max(0, n - self.index.max_depth - 1) : n]
             drafts.append(self.index.propose(key, seq, context, k_row, min_depth))
+        self._finish_ended()
+        return drafts
+
+    def extend_sampled(self, sampled: Any) -> None:
+        """A step on vLLM's padded drafter path, before its bookkeeping: each known
+        request's row of `sampled` (the step's sampled tokens, -1 past those accepted)
+        extends its tree, its last step's included (a request that ends is gone from the
+        batch by its next step). A row vLLM discards (a partial prefill) adds nothing."""
+        batch = self.runner.input_batch
+        discard = self.runner.discard_request_mask.np
+        for i, row in enumerate(sampled.tolist()):
+            known = self._requests.get(batch.req_ids[i]) if i < len(batch.req_ids) else None
+            tokens = [t for t in row if t >= 0]
+            if known is None or discard[i] or not tokens:
+                continue
+            key, seq, seen = known
+            self.index.extend(key, seq, tokens)
+            self._requests[batch.req_ids[i]] = (key, seq, seen + len(tokens))
+
+    def _finish_ended(self) -> None:
         # ended (the runner's requests: one not scheduled this step is out of the batch only)
         for req_id in self._requests.keys() - self.runner.requests.keys():
             key, seq, _ = self._requests.pop(req_id)
             self.index.finish(key, seq)
-        return drafts
 
     def seed(self, prompt: list[int], responses: list[list[int]]) -> None:
         """Earlier responses to `prompt`, from elsewhere (Prompt.history), as finished
@@ -172,6 +205,7 @@ def install_hybrid(
     min_match: int,
     model_k: int | None = None,
     leave_out_after: int = 2,
+    idle_share: float = 0.1,
 ) -> HistoryProposer:
     """Choose per request between history's draft and the draft model's (module docstring)
     in `runner`: history's is a candidate where it matches the context over `min_match`
@@ -179,7 +213,8 @@ def install_hybrid(
     `model_k` positions at most (None: the engine's k), history as far as the engine's k
     (history.hybrid_max_draft): a step scheduled for fewer (k_schedule) shortens both
     alike. A request that took history's draft `leave_out_after` steps in a row leaves the
-    draft model's passes while history keeps it (0: none does; EAGLE pathway only)."""
+    draft model's passes while history keeps it (0: none does; EAGLE pathway only). Under
+    `idle_share` of the rows taking history's draft, the replica is idle (hybrid.TakenShare)."""
     history = HistoryProposer(runner.vllm_config)
     model_k = history.k if model_k is None else model_k
     history.attach(runner, settings)
@@ -189,14 +224,37 @@ def install_hybrid(
     drafter_rows = DrafterRows(runner) if leave_out_after and DrafterRows.supported(drafter) else None
     alone: dict[str, int] = {}  # per request: steps in a row it took history's draft
     quiet: dict[str, int] = {}  # per request: steps in a row it did not (looks_up)
-    share = TakenShare()  # the replica's rows that took it: where a new request's quiet starts
+    share = TakenShare(idle_share)  # the replica's rows that took it: is it idle
     propose_model = runner.propose_draft_token_ids
+    # vLLM's spec config, whose disable_padded_drafter_batch it reads every step (None: a
+    # runner without one stays on the unpadded path)
+    spec_config = getattr(runner, "speculative_config", None)
+    padded_left = 0  # steps left on the padded path (an idle replica's)
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
     last: tuple[set[str], int, int] = (set(), 0, 0)  # the last step's requests, rows, tokens to verify
 
+    def padded_step(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
+        """A step of an idle replica on vLLM's padded path: the draft model's drafts
+        alone; the path goes back to unpadded once the last such step has drafted."""
+        nonlocal padded_left, returned_at
+        history.extend_sampled(sampled_token_ids)
+        k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)
+        if k != scheduler_output.num_spec_tokens_to_schedule:
+            scheduler_output = copy.copy(scheduler_output)
+            scheduler_output.num_spec_tokens_to_schedule = k
+        drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
+        history.rows["padded"] += 1
+        padded_left -= 1
+        if padded_left <= 0:
+            spec_config.disable_padded_drafter_batch = True
+        returned_at = None  # the next step's time is not the unpadded path's
+        return drafts
+
     def propose_draft_token_ids(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
-        nonlocal streak, returned_at, last
+        nonlocal streak, returned_at, last, padded_left
+        if not isinstance(sampled_token_ids, list):  # a tensor: the padded path (padded_step)
+            return padded_step(scheduler_output, sampled_token_ids, *args, **kwargs)
         called_at = time.perf_counter()
         batch = runner.input_batch
         # the step's time outside the drafters, where a request carried over from the last
@@ -211,7 +269,7 @@ def install_hybrid(
         live = [i for i, sampled in enumerate(sampled_token_ids) if len(sampled)]
         # a request whose history drafts have not been taken for a while is looked up, and
         # its drafts offered for scoring, only now and then (hybrid.QUIET_AFTER); a new
-        # one too where the replica's rows seldom take history's draft (hybrid.IDLE_SHARE)
+        # one too where the replica's rows seldom take history's draft (TakenShare.idle)
         start = share.quiet_start()
         skip = {i for i in live if not looks_up(quiet.get(batch.req_ids[i], start))}
         found = history.propose(
@@ -329,6 +387,9 @@ def install_hybrid(
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
             quiet[req] = 0 if i in took else quiet.get(req, start) + 1
         share.observe(len(took), len(live))
+        if spec_config is not None and share.idle and not took and all(len(row) <= k for row in drafts):
+            padded_left = PROBE_EVERY - 1  # the next steps on vLLM's padded path (module docstring)
+            spec_config.disable_padded_drafter_batch = False
         last = set(batch.req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
         returned_at = time.perf_counter()
         return drafts
