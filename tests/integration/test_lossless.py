@@ -168,7 +168,10 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
             long_drafts_pay_where_history_repeats(c, hf, k)
         if spec in (HISTORY, HYBRID, HYBRID_IDLE):  # history from another distribution first
             sample(c, hf[2], {"temperature": 2.0}, seed=SEED + (PRIME_BLOCKS + cell) * N)
-        for i, setting in enumerate(SETTINGS):
+        # the idle cell adds the switch between drafter paths, whose steps the eagle3 and
+        # hybrid cells check at every setting: T=1.0 only (the suite's time)
+        settings = SETTINGS[:1] if spec is HYBRID_IDLE else SETTINGS
+        for i, setting in enumerate(settings):
             samples, al = sample(c, hf[2], setting, seed=base + i * N)
             check = check_samples(
                 [list(s.token_ids) for s in samples],
