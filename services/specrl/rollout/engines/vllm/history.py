@@ -102,7 +102,7 @@ class HistoryProposer:
         self._requests: dict[str, tuple[bytes, int, int]] = {}  # req id -> key, sequence, tokens seen
         # hybrid: rows drafted by each source, steps the draft model ran its first pass only,
         # steps history drafted past the draft model's k (history.hybrid_max_draft), rows
-        # left out of the draft model's passes
+        # left out of the draft model's passes, steps on vLLM's padded path (idle replica)
         self.rows = {
             "history": 0,
             "model": 0,
@@ -198,6 +198,16 @@ def prompt_key(prompt: Any) -> bytes:
     return hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=16).digest()
 
 
+def _scheduled_for(scheduler_output: Any, k: int) -> Any:
+    """`scheduler_output` asking the draft model for `k` positions (a copy where it asked
+    for another number)."""
+    if k == scheduler_output.num_spec_tokens_to_schedule:
+        return scheduler_output
+    scheduled = copy.copy(scheduler_output)
+    scheduled.num_spec_tokens_to_schedule = k
+    return scheduled
+
+
 def install_hybrid(
     runner: Any,
     settings: dict,
@@ -240,10 +250,7 @@ def install_hybrid(
         nonlocal padded_left, returned_at
         history.extend_sampled(sampled_token_ids)
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)
-        if k != scheduler_output.num_spec_tokens_to_schedule:
-            scheduler_output = copy.copy(scheduler_output)
-            scheduler_output.num_spec_tokens_to_schedule = k
-        drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
+        drafts = propose_model(_scheduled_for(scheduler_output, k), sampled_token_ids, *args, **kwargs)
         history.rows["padded"] += 1
         padded_left -= 1
         if padded_left <= 0:
@@ -342,8 +349,7 @@ def install_hybrid(
             # every request drafts from history: the draft model runs its first pass only
             # (its KV cache kept current), not its k - 1 sequential forwards
             streak += 1
-            first_pass = copy.copy(scheduler_output)
-            first_pass.num_spec_tokens_to_schedule = 0
+            first_pass = _scheduled_for(scheduler_output, 0)
             started = time.perf_counter()
             propose_model(first_pass, sampled_token_ids, *args, **kwargs)
             if in_pass:
@@ -357,9 +363,7 @@ def install_hybrid(
             drafts = [found[i] if i in candidates else [] for i in range(len(found))]
         else:
             streak = 0
-            if k != scheduler_output.num_spec_tokens_to_schedule:
-                scheduler_output = copy.copy(scheduler_output)
-                scheduler_output.num_spec_tokens_to_schedule = k
+            scheduler_output = _scheduled_for(scheduler_output, k)
             started = time.perf_counter()
             drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
             if in_pass:
@@ -387,7 +391,7 @@ def install_hybrid(
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
             quiet[req] = 0 if i in took else quiet.get(req, start) + 1
         share.observe(len(took), len(live))
-        if spec_config is not None and share.idle and not took and all(len(row) <= k for row in drafts):
+        if spec_config is not None and share.idle and not took:
             padded_left = PROBE_EVERY - 1  # the next steps on vLLM's padded path (module docstring)
             spec_config.disable_padded_drafter_batch = False
         last = set(batch.req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
