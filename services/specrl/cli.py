@@ -483,6 +483,13 @@ TASKS_OPTION = typer.Option(
     help="Comma-separated columns: rl-zero, rl-think (builds the zoo's RL-Think variant).",
 )
 K_OPTION = typer.Option(3, min=1, help="Draft length of every speculative server.")
+BLOCKS_OPTION = typer.Option(
+    1,
+    min=1,
+    help="Blocks the counted rounds are split into, each on servers started afresh after a"
+    " warm-up round: the intervals are then over the blocks, so they include each server's"
+    " own speed offset (at most --rounds).",
+)
 
 
 @bench_app.command("draft")
@@ -529,6 +536,7 @@ def bench_history(
         min=1,
         help="History's longest draft, alone and in the hybrid (at least --k).",
     ),
+    blocks: int = BLOCKS_OPTION,
 ) -> None:
     """AR, EAGLE-3 alone, the history drafter and the hybrid over the epochs of a real RL
     run (the policy trained between epochs), each epoch's history carried from the last."""
@@ -547,6 +555,7 @@ def bench_history(
         head=head,
         history_draft=history_draft,
         console=console,
+        blocks=_blocks(blocks, rounds),
     )
 
 
@@ -560,6 +569,7 @@ def bench_staleness(
     rounds: int = typer.Option(2, min=1, help="Counted rounds per measurement (after one warm-up round)."),
     tasks: str = TASKS_OPTION,
     lr: float = typer.Option(1e-4, min=0, help="Policy learning rate in the RL segments (how fast it moves)"),
+    blocks: int = BLOCKS_OPTION,
 ) -> None:
     """Frozen EAGLE-3 draft and frozen history against the policy as RL moves it, beside
     the draft adapted online and history renewed: acceptance and speedup vs policy steps."""
@@ -575,7 +585,16 @@ def bench_staleness(
         rounds=rounds,
         lr=lr,
         console=console,
+        blocks=_blocks(blocks, rounds),
     )
+
+
+def _blocks(blocks: int, rounds: int) -> int:
+    if blocks > rounds:
+        raise typer.BadParameter(
+            f"--blocks {blocks} is more than --rounds {rounds}: a block needs a counted round"
+        )
+    return blocks
 
 
 def _tasks(names: str) -> list[str]:

@@ -4,10 +4,20 @@ hour; a crash here would lose them)."""
 
 from __future__ import annotations
 
-import pytest
+import statistics
 
-from specrl.bench import history, staleness
-from specrl.bench.epochs import HYBRID_COUNTS, paired_rows, pool_size, prompt_sets, requests_per_level
+import pytest
+from rich.console import Console
+
+from specrl.bench import epochs, history, staleness
+from specrl.bench.epochs import (
+    HYBRID_COUNTS,
+    block_rounds,
+    paired_rows,
+    pool_size,
+    prompt_sets,
+    requests_per_level,
+)
 from specrl.bench.tasks import TASKS
 
 
@@ -33,7 +43,7 @@ def test_each_cell_is_paired_with_ar_and_history_with_eagle3_and_the_hybrid_with
     hybrid = [i for i, c in enumerate(cells) if c.hybrid]
     assert [cells[i].name for i in hybrid] == ["hybrid"]
     for n, r in enumerate(done[hybrid[0], 4]):  # the server's counters over each round
-        r["hybrid"] = dict(zip(HYBRID_COUNTS, (10 * n + 30, 10, 5 + n, 2, 20 + n)))
+        r["hybrid"] = dict(zip(HYBRID_COUNTS, (10 * n + 30, 10, 5 + n, 2, 20 + n, 3 * n)))
     rows = {r["name"]: r for r in paired_rows(cells, done, [4], versus=("eagle3", "history"))}
     summed = {
         "history_rows": 70,
@@ -41,6 +51,7 @@ def test_each_cell_is_paired_with_ar_and_history_with_eagle3_and_the_hybrid_with
         "first_pass_only_steps": 11,
         "long_draft_steps": 4,
         "left_out_rows": 41,
+        "padded_steps": 3,
     }
     assert {f: rows["hybrid"][f] for f in HYBRID_COUNTS} == summed
     assert "history_rows" not in rows["history"]
@@ -110,3 +121,74 @@ def test_policy_drift_is_the_relative_distance_of_the_weights(tmp_path):
     save_file({"other": torch.ones(2)}, str(tmp_path / "c" / "model.safetensors"))
     with pytest.raises(ValueError, match="share no weight names"):
         staleness.policy_drift(str(tmp_path / "a"), str(tmp_path / "c"))
+
+
+def test_a_servers_offset_shared_by_its_blocks_rounds_is_not_averaged_out():
+    """Three blocks of servers, each keeping its own offset over its rounds: per round the
+    ratio looks resolved, over the blocks it is not; the estimate is the blocks' mean."""
+    import math
+
+    from specrl.bench.adaptive import paired_ratio
+
+    got = [1.20, 1.21, 1.19, 1.01, 1.02, 1.00, 1.10, 1.11, 1.09]
+    base = [1.0] * len(got)
+    blocks = [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    _, lo_rounds, _ = paired_ratio(got, base)
+    assert lo_rounds > 1  # read per round: faster
+    ratio, lo, hi = paired_ratio(got, base, blocks)
+    means = [statistics.fmean(math.log(x) for x in got[b * 3 : b * 3 + 3]) for b in range(3)]
+    assert ratio == pytest.approx(math.exp(statistics.fmean(means)))
+    assert lo < 1 < hi  # over the blocks: not resolved
+    assert paired_ratio(got, base, [0] * len(got)) == paired_ratio(got, base)  # one block: per round
+    with pytest.raises(ValueError, match="paired"):
+        paired_ratio(got, base, blocks[:-1])
+
+
+def test_rounds_split_into_blocks_of_consecutive_rounds():
+    assert block_rounds(15, 4) == [[1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert block_rounds(3, 1) == [[1, 2, 3]]
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="--blocks"):
+            block_rounds(3, bad)
+
+
+def test_each_block_measures_on_servers_started_afresh_after_a_warm_up_round(monkeypatch):
+    """Stand-ins for the rollout servers and the closed-loop client (the benchmark's real
+    ones take minutes per start): every round of a block runs on that block's servers,
+    each block starts its own after a warm-up round, and the rows' intervals are the
+    blocks'."""
+    started: list[object] = []
+
+    class StandInServer:
+        def __init__(self, cfg) -> None:
+            self.address = f"server-{len(started)}"
+            started.append(self)
+            self.stopped = False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def stand_in_closed_loop(address, prompts, threads, max_tokens, n, history=None):
+        calls.append((address, tuple(prompts)))
+        return _result(100.0 + len(calls)) | {"responses": {p: [[1]] for p in prompts}}
+
+    monkeypatch.setattr(epochs, "ServiceProcess", StandInServer)
+    monkeypatch.setattr(epochs, "start_all", lambda procs: None)
+    monkeypatch.setattr(epochs, "closed_loop", stand_in_closed_loop)
+    monkeypatch.setattr(epochs, "bench_server", lambda *args: object())
+    cells = [epochs.Cell("ar", "none"), epochs.Cell("eagle3", "eagle3", "zoo:eagle3-domain")]
+    prompts = prompt_sets([f"p{i}" for i in range(pool_size([4], 4))], [4], rounds=4)
+    done, written = epochs.measure("zoo:target", 3, cells, prompts, [4], 4, {}, 8, Console(), blocks=2)
+    assert len(started) == 4 and all(s.stopped for s in started)  # 2 cells x 2 blocks
+    # per block: the warm-up round (round 0's prompts) then its counted rounds, on its servers
+    round_of = {tuple(ps): r for (r, _), ps in prompts.items()}
+    for block, servers in enumerate((started[:2], started[2:])):
+        for s in servers:
+            rounds = [round_of[p] for a, p in calls if a == s.address]
+            assert rounds == [0, 1 + 2 * block, 2 + 2 * block]
+    assert [r["block"] for r in done[(1, 4)]] == [0, 0, 1, 1]
+    assert set(written) == {p for (r, _), ps in prompts.items() for p in ps}
+    rows = paired_rows(cells, done, [4])
+    assert rows[1]["blocks"] == 2 and rows[1]["rounds"] == 4

@@ -28,6 +28,7 @@ import itertools
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -136,14 +137,26 @@ def balanced_orders(n: int) -> list[list[int]]:
     return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
 
 
-def paired_ratio(got: list[float], base: list[float]) -> tuple[float, float, float]:
+def paired_ratio(
+    got: list[float], base: list[float], blocks: Sequence[int] | None = None
+) -> tuple[float, float, float]:
     """Geometric mean of the per-round ratios got[r] / base[r] and its 95% confidence
-    interval (Student's t on the log ratios; unbounded with fewer than two rounds)."""
+    interval (Student's t on the log ratios; unbounded with fewer than two rounds).
+    `blocks`: each round's block of servers (rounds between two starts of the servers).
+    With two blocks or more the interval is over the blocks' mean log ratios: a server
+    keeps a speed offset of its own for as long as it runs (4-6% between identical
+    servers on the CPU testbed), which rounds on the same servers share and do not
+    average out."""
     from scipy.stats import t
 
-    if len(got) != len(base) or not got:
+    if len(got) != len(base) or not got or (blocks is not None and len(blocks) != len(got)):
         raise ValueError(f"paired rounds needed, got {len(got)} and {len(base)}")
     logs = [math.log(a / b) for a, b in zip(got, base)]
+    if blocks is not None and len(set(blocks)) > 1:
+        by_block: dict[int, list[float]] = {}
+        for block, x in zip(blocks, logs):
+            by_block.setdefault(block, []).append(x)
+        logs = [statistics.fmean(xs) for xs in by_block.values()]
     mean = statistics.fmean(logs)
     if len(logs) < 2:
         return math.exp(mean), 0.0, math.inf

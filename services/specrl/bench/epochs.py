@@ -38,8 +38,15 @@ from specrl.tables import markdown_table, print_table
 GROUP = 4  # samples per request (a GRPO group)
 # what a hybrid server did in a measurement (its GetStatus counters, rollout/server.py):
 # rows drafted by each source, steps of history alone, steps some row drafted past k, rows
-# left out of the draft model's pass
-HYBRID_COUNTS = ("history_rows", "model_rows", "first_pass_only_steps", "long_draft_steps", "left_out_rows")
+# left out of the draft model's pass, steps on vLLM's padded drafter path (an idle replica)
+HYBRID_COUNTS = (
+    "history_rows",
+    "model_rows",
+    "first_pass_only_steps",
+    "long_draft_steps",
+    "left_out_rows",
+    "padded_steps",
+)
 Responses = dict[str, list[list[int]]]  # prompt -> its responses
 
 
@@ -81,11 +88,14 @@ def run_over_versions(
     rounds: int,
     console: Console,
     versus: tuple[str, ...] = (),
+    blocks: int = 1,
 ) -> list[dict]:
     """For each task (names in TASKS; None: all) and each of `versions` versions, measure
     the cells `advance` gives, carrying earlier responses as each cell asks. Rows name the
     cell and the version by `keys` (cell key, version key); written to `out` (JSON, and
-    Markdown beside) after every version, so a long run that fails keeps what it did."""
+    Markdown beside) after every version, so a long run that fails keeps what it did.
+    `blocks`: each version's servers are started that many times (measure)."""
+    block_rounds(rounds, blocks)  # checked before any server starts
     chosen = [TASKS[name] for name in pick_tasks(tasks)]
     pool = task_prompts(chosen, pool_size(concurrency, rounds), console, distinct=True)
     prompts = prompt_sets(pool, concurrency, rounds)
@@ -98,7 +108,7 @@ def run_over_versions(
                 label, policy, cells = advance(task, index, Path(tmp))
                 console.print(f"[bold]{task.name}[/bold]: {version_key} {label}: measuring")
                 done, written = measure(
-                    policy, k, cells, prompts, concurrency, rounds, carried, task.max_tokens, console
+                    policy, k, cells, prompts, concurrency, rounds, carried, task.max_tokens, console, blocks
                 )
                 carried = {"first": carried.get("first", written), "last": written}
                 got = [
@@ -114,7 +124,7 @@ def run_over_versions(
                     )
                 rows += got
                 out.parent.mkdir(parents=True, exist_ok=True)
-                full_meta = bench_meta(k=k, group=GROUP, rounds=rounds, **meta)
+                full_meta = bench_meta(k=k, group=GROUP, rounds=rounds, blocks=blocks, **meta)
                 out.write_text(json.dumps({"meta": full_meta, "rows": rows}, indent=2))
                 out.with_suffix(".md").write_text(markdown_table(rows, columns) + "\n")
     print_table(rows, columns, out.stem, console)
@@ -158,41 +168,59 @@ def measure(
     carried: dict[str, Responses],
     max_tokens: int,
     console: Console,
+    blocks: int = 1,
 ) -> tuple[dict[tuple[int, int], list[dict]], Responses]:
     """Every cell's server of `policy` up at once; closed-loop results per (cell index,
     level) over the counted rounds, and AR's responses per prompt (what this version wrote,
     for later versions to carry: cells[0] is AR). `carried[cell.carry]`: the responses a
-    cell is carried."""
+    cell is carried. The counted rounds are split into `blocks` runs of consecutive rounds,
+    each on servers started afresh after a warm-up round of their own (round 0's prompts
+    again); a result's "block" says which."""
     configs = [bench_server(policy, c.method, c.draft, c.k or k, False, c.history) for c in cells]
-    procs = [ServiceProcess(cfg) for cfg in configs]
     done: dict[tuple[int, int], list[dict]] = {}
     written: Responses = {}
-    with ExitStack() as stack:
-        for proc in procs:
-            stack.callback(proc.stop)
-        start_all(procs)
-        orders = itertools.cycle(balanced_orders(len(procs)))
-        for rnd in range(rounds + 1):
-            for c in levels:
-                for i in next(orders):
-                    before = _hybrid_counts(procs[i].address) if cells[i].hybrid else None
-                    r = closed_loop(
-                        procs[i].address,
-                        prompts[(rnd, c)],
-                        threads(c),
-                        max_tokens,
-                        n=group(c),
-                        history=carried.get(cells[i].carry) if cells[i].carry else None,
-                    )
-                    if before is not None:
-                        after = _hybrid_counts(procs[i].address)
-                        r["hybrid"] = {f: after[f] - before[f] for f in HYBRID_COUNTS}
-                    if i == 0:
-                        written |= r["responses"]
-                    if rnd:
-                        done.setdefault((i, c), []).append(r)
-            console.print(f"    round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
+    orders = itertools.cycle(balanced_orders(len(cells)))
+
+    def run_round(procs: list[ServiceProcess], rnd: int, block: int) -> None:
+        for c in levels:
+            for i in next(orders):
+                before = _hybrid_counts(procs[i].address) if cells[i].hybrid else None
+                r = closed_loop(
+                    procs[i].address,
+                    prompts[(rnd, c)],
+                    threads(c),
+                    max_tokens,
+                    n=group(c),
+                    history=carried.get(cells[i].carry) if cells[i].carry else None,
+                )
+                if before is not None:
+                    after = _hybrid_counts(procs[i].address)
+                    r["hybrid"] = {f: after[f] - before[f] for f in HYBRID_COUNTS}
+                if i == 0:
+                    written.update(r["responses"])
+                if rnd:
+                    done.setdefault((i, c), []).append(r | {"block": block})
+
+    for block, counted in enumerate(block_rounds(rounds, blocks)):
+        with ExitStack() as stack:
+            procs = [ServiceProcess(cfg) for cfg in configs]
+            for proc in procs:
+                stack.callback(proc.stop)
+            if blocks > 1:
+                console.print(f"    block {block + 1}/{blocks}: servers started afresh")
+            start_all(procs)
+            for rnd in [0, *counted]:
+                run_round(procs, rnd, block)
+                console.print(f"    round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
     return done, written
+
+
+def block_rounds(rounds: int, blocks: int) -> list[list[int]]:
+    """The counted rounds 1 .. `rounds` in `blocks` runs of consecutive rounds, as even as
+    they split."""
+    if not 1 <= blocks <= rounds:
+        raise ValueError(f"--blocks must be 1 to {rounds} (the counted rounds), not {blocks}")
+    return [list(range(1 + b * rounds // blocks, 1 + (b + 1) * rounds // blocks)) for b in range(blocks)]
 
 
 def _hybrid_summary(row: dict) -> str:
@@ -201,7 +229,8 @@ def _hybrid_summary(row: dict) -> str:
     rows = row["history_rows"] + row["model_rows"]
     return (
         f"  rows from history {row['history_rows']}/{rows}, steps of history alone"
-        f" {row['first_pass_only_steps']}, long {row['long_draft_steps']}, left out {row['left_out_rows']}"
+        f" {row['first_pass_only_steps']}, long {row['long_draft_steps']}, left out {row['left_out_rows']},"
+        f" padded {row['padded_steps']}"
     )
 
 
@@ -220,14 +249,16 @@ def paired_rows(
     """Per level and cell: the median rate, acceptance length and the rate paired with
     AR's (cells[0]) in the same rounds, and, for the cells drafting from history, with
     each other cell named in `versus` (the hybrid against EAGLE-3 alone and against
-    history alone: it must beat both to earn its cost)."""
+    history alone: it must beat both to earn its cost). With results from two blocks of
+    servers or more, the intervals are over the blocks (paired_ratio)."""
     rows = []
     for c in levels:
         rate = {cell.name: [r["tokens"] / r["seconds"] for r in done[(i, c)]] for i, cell in enumerate(cells)}
+        blocks = [r.get("block", 0) for r in done[(0, c)]]
         for i, cell in enumerate(cells):
             results = done[(i, c)]
             drafts = sum(r["drafts"] for r in results)
-            ratio, lo, hi = paired_ratio(rate[cell.name], rate[cells[0].name])
+            ratio, lo, hi = paired_ratio(rate[cell.name], rate[cells[0].name], blocks)
             row = {
                 "name": cell.name,
                 "concurrency": c,
@@ -237,6 +268,7 @@ def paired_rows(
                 else 1.0,
                 "speedup_vs_ar": round(ratio, 3),
                 "rounds": len(results),
+                "blocks": len(set(blocks)),
                 "ci_low": round(lo, 3),
                 "ci_high": round(hi, 3),
                 "vs_ar": verdict(lo, hi) if i else "",
@@ -246,7 +278,7 @@ def paired_rows(
                 row |= {f: sum(r["hybrid"][f] for r in results) for f in HYBRID_COUNTS}
             for other in versus if cell.history is not None else ():
                 if other != cell.name:
-                    v_ratio, v_lo, v_hi = paired_ratio(rate[cell.name], rate[other])
+                    v_ratio, v_lo, v_hi = paired_ratio(rate[cell.name], rate[other], blocks)
                     row |= {f"speedup_vs_{other}": round(v_ratio, 3), f"vs_{other}": verdict(v_lo, v_hi)}
             rows.append(row)
     return rows

@@ -81,9 +81,10 @@ def run_history_bench(
     head: str = "domain",
     history_draft: int = HISTORY_DRAFT,
     console: Console | None = None,
+    blocks: int = 1,
 ) -> list[dict]:
     """`tasks`: names in TASKS (default: all), measured in that order; `head`,
-    `history_draft`: cells()."""
+    `history_draft`: cells(); `blocks`: run_over_versions."""
     from specrl.orchestrator.run import run
 
     console = console or Console(stderr=True)
@@ -119,4 +120,5 @@ def run_history_bench(
         rounds=rounds,
         console=console,
         versus=("eagle3", "history"),
+        blocks=blocks,
     )

@@ -84,9 +84,10 @@ def run_staleness_bench(
     rounds: int = 2,
     lr: float = 1e-4,
     console: Console | None = None,
+    blocks: int = 1,
 ) -> list[dict]:
     """`tasks`: names in TASKS (default: all), measured in that order; `lr`: the policy's
-    learning rate in the RL segments."""
+    learning rate in the RL segments; `blocks`: run_over_versions."""
     from specrl.orchestrator.run import run
 
     console = console or Console(stderr=True)
@@ -137,4 +138,5 @@ def run_staleness_bench(
         tasks=tasks,
         rounds=rounds,
         console=console,
+        blocks=blocks,
     )
