@@ -20,7 +20,7 @@ from specrl.rollout import hybrid
 from specrl.rollout.engines.vllm import history as vllm_history
 from specrl.rollout.engines.vllm.history import install_hybrid
 from specrl.rollout.history import HistoryIndex
-from specrl.rollout.hybrid import SourceScores, StepCosts, VerifyCost, agreed, draft_lengths
+from specrl.rollout.hybrid import Line, SourceScores, StepCosts, VerifyCost, agreed, draft_lengths
 
 PROMPT = [1, 2, 3, 4]
 MODEL_TOKEN = 9  # what the stand-in draft model drafts at every position
@@ -95,10 +95,10 @@ def test_a_row_with_history_takes_its_draft_and_the_model_fills_the_rest(monkeyp
     assert history.rows["history"] == 1 and history.rows["first_pass_only"] == 0
 
 
-def _long_hybrid(monkeypatch, fit: tuple[float, float] | None) -> tuple[_Runner, object]:
+def _long_hybrid(monkeypatch, fit: Line | None) -> tuple[_Runner, object]:
     """history.hybrid_max_draft: the engine built for 6 draft tokens, the draft model
     asked for its own 3, "a"'s response to PROMPT (5 .. 24) in history, the model measured
-    on "m", and verification's cost `fit` (VerifyCost: seconds a step + seconds a token)."""
+    on "m", and verification's cost `fit` (VerifyCost: seconds a step, seconds a token)."""
     monkeypatch.setattr(VerifyCost, "fit", lambda self, rows: fit)
     _model_drafts_every_step(monkeypatch)
     runner = _Runner(engine_k=6)
@@ -113,7 +113,7 @@ def test_history_drafts_past_the_draft_models_k_where_its_acceptance_pays(monkey
     engine's 6 where verifying a token costs little against what it is expected to add
     (how far by its acceptance rate: test_draft_lengths_...). A step scheduled for fewer
     (a k_schedule's 2) shortens both sources alike."""
-    runner, history = _long_hybrid(monkeypatch, (0.01, 1e-4))
+    runner, history = _long_hybrid(monkeypatch, Line(0.01, 1e-4, resolved=True))
     # nothing scored for history on this replica yet: acceptance 0, the model's k
     drafts = runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23]}, [[6], [23]])
     assert drafts == [[7, 8, 9], [MODEL_TOKEN] * 3]
@@ -127,13 +127,19 @@ def test_history_drafts_past_the_draft_models_k_where_its_acceptance_pays(monkey
     assert runner.model_k[-1] == 2
 
 
-def test_while_verifications_cost_is_unknown_history_drafts_as_far_as_it_offers(monkeypatch):
+@pytest.mark.parametrize("fit", [None, Line(0.01, 1e-4, resolved=False)])
+def test_while_verifications_cost_is_unknown_history_drafts_as_far_as_it_offers(monkeypatch, fit):
     """Tried, so that steps of different lengths are timed; its rate decides as before
-    (0 before any history draft was scored)."""
-    runner, history = _long_hybrid(monkeypatch, None)
+    (0 before any history draft was scored). A slope not resolved is unknown here too:
+    draft_lengths is asked with no cost a token."""
+    per_token = []
+    lengths = vllm_history.draft_lengths
+    monkeypatch.setattr(vllm_history, "draft_lengths", lambda *a: per_token.append(a[3]) or lengths(*a))
+    runner, history = _long_hybrid(monkeypatch, fit)
     assert runner.step({"b": [*PROMPT, 5, 6]}, [[6]]) == [[7, 8, 9]]
     assert runner.step({"b": [*PROMPT, *range(5, 11)]}, [[7, 8, 9, 10]]) == [list(range(11, 17))]
     assert history.rows["long_drafts"] == 1
+    assert per_token and set(per_token) == {0.0}
 
 
 def test_verification_cost_is_fitted_to_the_steps_timed():
@@ -142,8 +148,8 @@ def test_verification_cost_is_fitted_to_the_steps_timed():
         cost.observe(0.010 + 0.002 * v, 1, v)
     assert cost.fit(1) is None  # too few steps
     cost.observe(0.010 + 0.002 * 9, 1, 9)
-    a, b = cost.fit(1)
-    assert a == pytest.approx(0.010) and b == pytest.approx(0.002)
+    a, b, resolved = cost.fit(1)
+    assert a == pytest.approx(0.010) and b == pytest.approx(0.002) and resolved
     flat = VerifyCost()  # every step verified as many tokens: no slope to fit
     for _ in range(20):
         flat.observe(0.02, 1, 4)
@@ -154,12 +160,12 @@ def test_verification_cost_is_fitted_to_the_steps_timed():
     assert noisy.fit(1) is None
 
 
-def test_a_slope_the_steps_do_not_resolve_is_no_cost():
+def test_a_slope_the_steps_do_not_resolve_is_told_apart():
     """In the same noise: one odd step among many alike (a line through it has a slope:
-    the CPU testbed's c=1 steps had fitted 3 ms a token that way); steps of many sizes
-    that cost alike; and steps of many sizes on a real slope, the only one fitted. (The
-    fit before the resolution rule took the first two too: the second's slope in this
-    noise is small but positive.)"""
+    the CPU testbed's c=1 steps had fitted 3 ms a token that way: too little spread to
+    fit); steps of many sizes that cost alike, whose slope in this noise is small but
+    positive: fitted, not resolved (the path choice takes it, draft_lengths does not);
+    and steps of many sizes on a real slope, resolved."""
     noise = [0.003 * np.cos(7.0 * i) for i in range(60)]
     sizes = [4] * 60
     sizes[50] = 7
@@ -171,9 +177,10 @@ def test_a_slope_the_steps_do_not_resolve_is_no_cost():
     for v, e in zip(sizes, noise):
         flat.observe(0.013 + e, 1, v)
         sloped.observe(0.015 + 1e-4 * v + e, 1, v)
-    assert flat.fit(1) is None
-    b = sloped.fit(1)[1]
-    assert b == pytest.approx(1e-4, rel=0.3)
+    noise_slope = flat.fit(1)
+    assert not noise_slope.resolved and 0 < noise_slope.per_token < 2e-5
+    b = sloped.fit(1)
+    assert b.resolved and b.per_token == pytest.approx(1e-4, rel=0.3)
 
 
 def test_a_fit_that_puts_a_steps_cost_outside_its_tokens_below_zero_is_unknown():
@@ -190,7 +197,7 @@ def test_a_fit_that_puts_a_steps_cost_outside_its_tokens_below_zero_is_unknown()
         negative.observe(-0.005 + 2e-4 * verified, 1, verified)
         positive.observe(0.005 + 2e-4 * verified, 1, verified)
     assert negative.fit(1) is None
-    base, per_token = positive.fit(1)
+    base, per_token, _ = positive.fit(1)
     assert base == pytest.approx(0.005) and per_token == pytest.approx(2e-4)
 
 
@@ -207,10 +214,10 @@ def test_a_cost_per_row_is_not_read_as_a_cost_per_token():
         rest = 0.010 + 5e-4 * rows + 1e-5 * verified + 1e-4 * np.cos(7.0 * i)
         both.observe(rest, rows, verified)
         tokens_only.observe(rest, 1, verified)
-    base, per_token = both.fit(50)
+    base, per_token, _ = both.fit(50)
     assert per_token == pytest.approx(1e-5, rel=0.3)
     assert base == pytest.approx(0.010 + 5e-4 * 50, rel=0.02)
-    assert tokens_only.fit(1)[1] > 4e-5  # ~5x the tokens' own cost
+    assert tokens_only.fit(1).per_token > 4e-5  # ~5x the tokens' own cost
 
 
 def test_draft_lengths_maximise_the_steps_expected_tokens_per_second():
@@ -346,11 +353,12 @@ def test_where_history_alone_pays_a_row_without_a_history_draft_drafts_nothing(m
 def test_where_verification_is_fitted_each_path_is_timed_at_the_tokens_it_verifies(monkeypatch):
     """History alone verifies "b"'s 2 drafted tokens and one sampled token a row; the
     draft model's path k = 3 drafted tokens a row as well: 1 + 2 + 1 + 1 = 5 tokens
-    against 3 x 4 = 12, at 10 ms a step and 1 ms a token."""
+    against 3 x 4 = 12, at 10 ms a step and 1 ms a token, a slope not resolved (for this
+    choice the best guess still: VerifyCost)."""
     asked = []
     pays = StepCosts.first_pass_pays
     monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *a: asked.append(a) or pays(self, *a))
-    monkeypatch.setattr(VerifyCost, "fit", lambda self, rows: (0.010, 0.001))
+    monkeypatch.setattr(VerifyCost, "fit", lambda self, rows: Line(0.010, 0.001, resolved=False))
     runner, _ = _hybrid(min_draft=2)
     runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24], "d": [*PROMPT, 5, 6, 7]}, [[6], [24], [7]])
     assert asked[-1][2] == (pytest.approx(0.015), pytest.approx(0.022))
@@ -375,6 +383,24 @@ def test_history_alone_is_expected_to_emit_what_its_draft_now_offers(monkeypatch
     assert 1.0 < tokens_first_pass <= 2.0  # its one token, likely accepted (was 1 + 1.5)
     # the model's expected tokens on "b": the replica's, 0 (measured once, on "m"), below history's
     assert tokens_full == pytest.approx(tokens_first_pass)
+
+
+def test_history_alone_is_expected_to_emit_its_whole_draft_past_the_models_k(monkeypatch):
+    """Where history drafts past the model's k (hybrid_max_draft), its rows draft that far
+    on either path, so both paths' expected tokens count the whole draft: "b"'s history
+    was accepted, and it offers 6 (cut at the model's 3, the tokens both paths share were
+    undercounted: at c=64 on the CPU testbed a step of history alone had been expected to
+    emit 256 tokens and emitted 488), and both verify it (1 + 6 tokens, at 10 ms a step
+    and 1 ms a token)."""
+    runner, _ = _long_hybrid(monkeypatch, Line(0.010, 0.001, resolved=False))
+    asked = []
+    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *a: asked.append(a) or False)
+    runner.step({"b": [*PROMPT, 5, 6]}, [[6]])
+    assert runner.step({"b": [*PROMPT, *range(5, 11)]}, [[7, 8, 9, 10]]) == [list(range(11, 17))]
+    tokens_first_pass, tokens_full, rest = asked[-1]
+    assert 1 + 3 < tokens_first_pass <= 1 + 6  # more than the model's 3 positions could
+    assert tokens_full == pytest.approx(tokens_first_pass)  # the model's expected: lower
+    assert rest == (pytest.approx(0.017), pytest.approx(0.017))
 
 
 def test_when_history_alone_would_be_slower_the_draft_model_drafts_and_rows_take_the_better(monkeypatch):

@@ -12,49 +12,49 @@ history on this replica.
 
 Hybrid with a draft model (`speculation.history.hybrid`, method eagle3 or draft_model):
 the model runner keeps the draft model as its proposer, and the worker extension wraps
-the runner's `propose_draft_token_ids` (`install_hybrid`). Each step, history drafts every
-row first; a row's history draft is a candidate where its context agrees with history's
-over `min_match` tokens at least and it drafts `min_draft` tokens at least, and a
-candidate is taken where history's drafts have agreed with the policy's samples on that
-request at least as well as the draft model's lately (specrl.rollout.hybrid: both
+the runner's `propose_draft_token_ids` (`install_hybrid`). Each step, history drafts
+every row first; a row's history draft is a candidate where its context agrees with
+history's over `min_match` tokens at least and it drafts `min_draft` tokens at least,
+and a candidate is taken where history's drafts have agreed with the policy's samples on
+that request at least as well as the draft model's lately (specrl.rollout.hybrid: both
 sources' drafts are scored every step, verified or not). When history's drafts alone are
 expected to give more tokens per second (their expected accepted tokens, position by
 position as SourceScores.position_acceptance has them, none for a row without a
-candidate, over the step's time without the draft model's k - 1 positions,
-against the better source per row over the step's time with them, both times measured:
-StepCosts; each path's time outside the draft model at the tokens it verifies, where
-that cost is fitted: VerifyCost), the draft model runs its first pass only (over the
-tokens just verified, so its KV cache stays current): the hybrid then costs about what
-history alone does; every REMEASURE_EVERY such steps in a row it drafts once more, to
-be scored again. Otherwise the draft model drafts every row and the rows that take
-history get history's tokens first and the model's after them. History may draft past
-the draft model's k (`history.hybrid_max_draft`: the engine is built for the longer
-draft, the model asked for its own k): where a request repeats its history, a step
-then emits more tokens than the model's sequential positions could, at the price of
-verifying them, which a large batch pays for. Each row's draft reaches as far as its
-positions pay: position j is accepted with the probability that history's drafts on the
-request start right and that the replica's drafts kept position j once they reached it
+candidate, over the step's time without the draft model's k - 1 positions, against the
+better source per row over the step's time with them, both times measured: StepCosts;
+each path's time outside the draft model at the tokens it verifies, where that cost is
+fitted, its slope resolved or not: VerifyCost), the draft model runs its first pass only
+(over the tokens just verified, so its KV cache stays current): the hybrid then costs
+about what history alone does; every REMEASURE_EVERY such steps in a row it drafts once
+more, to be scored again. Otherwise the draft model drafts every row and the rows that
+take history get history's tokens first and the model's after them. History may draft
+past the draft model's k (`history.hybrid_max_draft`: the engine is built for the longer
+draft, the model asked for its own k): where a request repeats its history, a step then
+emits more tokens than the model's sequential positions could, at the price of verifying
+them, which a large batch pays for. Each row's draft reaches as far as its positions
+pay: position j is accepted with the probability that history's drafts on the request
+start right and that the replica's drafts kept position j once they reached it
 (SourceScores.position_acceptance), and costs one more verified token, whose seconds are
-fitted to the steps as they run (VerifyCost); the step's expected tokens per second
-decide (draft_lengths). A request that has taken history's draft for
-`history.hybrid_leave_out_after` steps in a row is left out of the draft model's passes
-(its rows cut from them: drafter_rows.py) for as long as history keeps it, so the model's
-first pass and positions run over the other rows only: the price the hybrid paid over
-history alone where history drafts most rows (large batches of prompts that come back).
-Without a history draft, or once the draft model's last score on it is better, the
-request is back in the passes, its draft model's KV cache stale over the steps it was
-out (drafts worse there, never wrong). A request whose history drafts have not been
-taken for `hybrid.QUIET_AFTER` steps in a row is looked up in history (and both its
-drafts scored) only every `hybrid.PROBE_EVERY` steps; its tokens still go into its
+fitted to the steps as they run (VerifyCost, where the slope is resolved); the step's
+expected tokens per second decide (draft_lengths). A request that has taken history's
+draft for `history.hybrid_leave_out_after` steps in a row is left out of the draft
+model's passes (its rows cut from them: drafter_rows.py) for as long as history keeps
+it, so the model's first pass and positions run over the other rows only: the price the
+hybrid paid over history alone where history drafts most rows (large batches of prompts
+that come back). Without a history draft, or once the draft model's last score on it is
+better, the request is back in the passes, its draft model's KV cache stale over the
+steps it was out (drafts worse there, never wrong). A request whose history drafts have
+not been taken for `hybrid.QUIET_AFTER` steps in a row is looked up in history (and both
+its drafts scored) only every `hybrid.PROBE_EVERY` steps; its tokens still go into its
 prompt's tree every step, for its siblings. Where few of the replica's rows take
-history's drafts (`history.hybrid_idle_share`: a first epoch, new prompts) a new request starts
-so, looked up on its first step. Such a replica, in a step where no row took history's
-draft, also runs the next `hybrid.PROBE_EVERY` - 1 steps on vLLM's padded drafter path
-(vLLM reads `disable_padded_drafter_batch` every step): the draft model drafts alone,
-before bookkeeping, as EAGLE-3 alone does, and history's trees are extended from those
-steps' sampled tokens (`HistoryProposer.extend_sampled`). RL-Zero epoch 0, c=16 on the
-testbed: the unpadded path made the draft model's call ~12% longer, and ~1% fewer tokens
-a step were emitted (docs/draft.md).
+history's drafts (`history.hybrid_idle_share`: a first epoch, new prompts) a new request
+starts so, looked up on its first step. Such a replica, in a step where no row took
+history's draft, also runs the next `hybrid.PROBE_EVERY` - 1 steps on vLLM's padded
+drafter path (vLLM reads `disable_padded_drafter_batch` every step): the draft model
+drafts alone, before bookkeeping, as EAGLE-3 alone does, and history's trees are
+extended from those steps' sampled tokens (`HistoryProposer.extend_sampled`). RL-Zero
+epoch 0, c=16 on the testbed: the unpadded path made the draft model's call ~12% longer,
+and ~1% fewer tokens a step were emitted (docs/draft.md).
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
 both drafts are deterministic functions of what the engine holds before the step (the
@@ -305,23 +305,33 @@ def install_hybrid(
         in_pass = len(left_out) < len(batch.req_ids)  # a row the draft model's pass runs over
         # tokens each row is expected to emit: without the model's positions, history's
         # draft or none (a row without a candidate emits its one sampled token); with them,
-        # the better source's. History's, the draft it offers now to the model's k, position
-        # by position (position_acceptance), not its last drafts' agreed tokens: one lucky
+        # the better source's. History's, the whole draft it offers now (past the model's
+        # k where it does: rows taking it draft that far on either path), position by
+        # position (position_acceptance), not its last drafts' agreed tokens: one lucky
         # match of a prompt's span lifts those, and a step of history alone then emits
-        # fewer tokens than the model would have (module docstring)
+        # fewer tokens than the model would have (module docstring). Cut at the model's
+        # k, the tokens both paths share were undercounted and the model's gain on the
+        # other rows overweighted: at c=64 from RL-Zero's epoch 1 on the CPU testbed,
+        # steps with the model's positions were expected to emit 202 tokens and emitted
+        # 289, one of history alone 256 and 488
         accept = {
             i: scores.position_acceptance(batch.req_ids[i], "history", len(found[i])) for i in candidates
         }
-        own = {i: sum(accept[i][:k]) for i in candidates}
+        own = {i: sum(accept[i]) for i in candidates}
         model = {i: scores.expected(batch.req_ids[i])["model"] for i in live}
         tokens_first_pass = sum(1 + own[i] for i in candidates) + len(live) - len(candidates)
         tokens_full = sum(1 + (max(own[i], m) if i in candidates else m) for i, m in model.items())
-        # each path's seconds outside the draft model at the tokens it verifies up to the
-        # model's k (history's draft alone, or k a row), where verification is fitted
+        # each path's seconds outside the draft model at the tokens it verifies (history's
+        # draft alone; or k a row, history's draft then the model's for the rows taking
+        # it), where verification is fitted (its slope resolved or not: VerifyCost)
         fit = verify.fit(len(live)) if candidates else None  # needed where history drafts only
-        verified = (sum(1 + min(len(found[i]), k) for i in candidates) + len(live) - len(candidates),
-                    len(live) * (1 + k))  # fmt: skip
-        rest = None if fit is None else (fit[0] + fit[1] * verified[0], fit[0] + fit[1] * verified[1])
+        verified = (sum(1 + len(found[i]) for i in candidates) + len(live) - len(candidates),
+                    sum(1 + (max(len(found[i]), k) if i in chosen else k) for i in live))  # fmt: skip
+        rest = (
+            None
+            if fit is None
+            else (fit.base + fit.per_token * verified[0], fit.base + fit.per_token * verified[1])
+        )
         first_pass_only = (
             k > 0
             and bool(candidates - left_out)
@@ -338,12 +348,12 @@ def install_hybrid(
             # at the model's k: history's draft alone, or the model's k with history's first
             short = {i: min(len(found[i]), k) if first_pass_only else k for i in takes}
             rows = [(accept[i], short[i], len(found[i])) for i in takes]
-            if fit is None:  # verification's cost unknown: as far as history drafts, to be timed
+            if fit is None or not fit.resolved:  # cost unknown: as far as history drafts, to be timed
                 reach = dict(zip(takes, draft_lengths(rows, 1.0, 1.0, 0.0)))
             else:
                 seconds = rest[0 if first_pass_only else 1] + (costs.draft[path] or 0.0)
                 tokens = tokens_first_pass if first_pass_only else tokens_full
-                reach = dict(zip(takes, draft_lengths(rows, tokens, seconds, fit[1])))
+                reach = dict(zip(takes, draft_lengths(rows, tokens, seconds, fit.per_token)))
         found = [draft[: reach.get(i, k)] for i, draft in enumerate(found)]
         if first_pass_only:
             # every request drafts from history: the draft model runs its first pass only
