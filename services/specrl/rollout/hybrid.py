@@ -269,6 +269,10 @@ class Line(NamedTuple):
     per_token: float
     resolved: bool
 
+    def at(self, verified: float) -> float:
+        """A step's seconds outside the draft model at `verified` tokens."""
+        return self.base + self.per_token * verified
+
 
 class VerifyCost:
     """What verifying one more draft token adds to an engine step, fitted to the steps as
@@ -294,10 +298,10 @@ class VerifyCost:
     short, and drafting as far as history offers gives the fit steps of different token
     counts. Which path a step takes (StepCosts.first_pass_pays) takes any: there the slope
     weighs the draft model's k tokens a row against history's fewer, and none is the one
-    guess known to be wrong. At c=64 on the CPU testbed (RL-Zero from epoch 1) 19 of 26
-    steps of 40-64 rows without a resolved slope read 0.06-0.10 ms a token, the resolved
-    ones 0.08-0.12; given none, the path choice had timed the draft model's ~40 extra
-    tokens a step (~3-5 ms) as free."""
+    guess known to be wrong. At c=64 on the CPU testbed (RL-Zero from epoch 1, steps of
+    40-64 rows, two logged runs) 19 of 41 and 36 of 45 steps had a slope that was not
+    resolved, reading 0.04-0.10 ms a token (the resolved ones 0.08-0.12); with no fit
+    there, the path choice had timed the draft model's ~44 extra tokens a step as free."""
 
     MIN_STEPS = 8
     MIN_SPREAD = 1.0  # tokens: the verified tokens' (weighted) standard deviation, given the rows

@@ -327,11 +327,7 @@ def install_hybrid(
         fit = verify.fit(len(live)) if candidates else None  # needed where history drafts only
         verified = (sum(1 + len(found[i]) for i in candidates) + len(live) - len(candidates),
                     sum(1 + (max(len(found[i]), k) if i in chosen else k) for i in live))  # fmt: skip
-        rest = (
-            None
-            if fit is None
-            else (fit.base + fit.per_token * verified[0], fit.base + fit.per_token * verified[1])
-        )
+        rest = None if fit is None else (fit.at(verified[0]), fit.at(verified[1]))
         first_pass_only = (
             k > 0
             and bool(candidates - left_out)
