@@ -132,7 +132,9 @@ class HistoryConfig(StrictModel):
     # `hybrid_min_match` tokens at least agree with history's and it drafts
     # `hybrid_min_draft` tokens at least. When history's drafts alone (none for a request
     # without one) are expected to give an engine step more tokens per second (measured
-    # step times), the draft model runs its first pass only (rollout/engines/vllm/history.py).
+    # step times), the draft model runs its first pass only, over the rows that do not take
+    # history's draft (and new requests' prompts): none where every row takes it
+    # (rollout/engines/vllm/history.py).
     hybrid: bool = False
     hybrid_min_draft: int = Field(2, ge=1)
     hybrid_min_match: int = Field(2, ge=1)

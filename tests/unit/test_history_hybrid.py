@@ -347,7 +347,8 @@ def test_where_history_alone_pays_a_row_without_a_history_draft_drafts_nothing(m
     # expected tokens: "b" 1 + history's 0 (the replica's prior), "c" and "d" 1 each,
     # against 1 + the better source's 0 each (the model measured at 0 on "m"); the
     # verification's cost not fitted: each path's time the average step's
-    assert asked[-1] == (pytest.approx(3.0), pytest.approx(3.0), None)
+    # (the stand-in has no EAGLE drafter whose rows could be left out: its pass runs)
+    assert asked[-1] == (pytest.approx(3.0), pytest.approx(3.0), None, "first_pass")
 
 
 def test_where_verification_is_fitted_each_path_is_timed_at_the_tokens_it_verifies(monkeypatch):
@@ -379,7 +380,7 @@ def test_history_alone_is_expected_to_emit_what_its_draft_now_offers(monkeypatch
     runner.step({"m": [30, 31, 32, 33, 34, 35]}, [[35]])  # "a" ended: in history
     assert runner.step({"b": [*PROMPT, 5]}, [[5]]) == [[6, 7, 8]]
     assert runner.step({"b": [*PROMPT, 5, 6, 7, 8]}, [[6, 7, 8]]) == [[10]]
-    tokens_first_pass, tokens_full, _ = asked[-1]
+    tokens_first_pass, tokens_full, *_ = asked[-1]
     assert 1.0 < tokens_first_pass <= 2.0  # its one token, likely accepted (was 1 + 1.5)
     # the model's expected tokens on "b": the replica's, 0 (measured once, on "m"), below history's
     assert tokens_full == pytest.approx(tokens_first_pass)
@@ -397,7 +398,7 @@ def test_history_alone_is_expected_to_emit_its_whole_draft_past_the_models_k(mon
     monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *a: asked.append(a) or False)
     runner.step({"b": [*PROMPT, 5, 6]}, [[6]])
     assert runner.step({"b": [*PROMPT, *range(5, 11)]}, [[7, 8, 9, 10]]) == [list(range(11, 17))]
-    tokens_first_pass, tokens_full, rest = asked[-1]
+    tokens_first_pass, tokens_full, rest, _ = asked[-1]
     assert 1 + 3 < tokens_first_pass <= 1 + 6  # more than the model's 3 positions could
     assert tokens_full == pytest.approx(tokens_first_pass)  # the model's expected: lower
     assert rest == (pytest.approx(0.017), pytest.approx(0.017))
@@ -429,6 +430,13 @@ def test_the_first_pass_path_is_chosen_by_expected_tokens_per_second():
     # each verifies): 3 in 0.2 + 0.1 s against 3.6 in 0.3 + 0.15 s; and the other way
     assert costs.first_pass_pays(3.0, 3.6, rest=(0.2, 0.3))
     assert not costs.first_pass_pays(3.0, 3.6, rest=(0.3, 0.2))
+    # a step of history alone with no row in the draft model's pass: its own average
+    assert not costs.first_pass_pays(3.0, 3.6, rest=(0.25, 0.2))  # 3 in 0.35 s: slower
+    assert costs.first_pass_pays(3.0, 3.6, rest=(0.25, 0.2), path="no_pass")  # not timed: tried
+    costs.observe("no_pass", 0.01, None)  # 3 in 0.26 s against 3.6 in 0.35 s
+    assert costs.first_pass_pays(3.0, 3.6, rest=(0.25, 0.2), path="no_pass")
+    costs.observe("no_pass", 0.9, None)  # timed slow: judged by its own average, 0.09 s
+    assert not costs.first_pass_pays(3.0, 3.6, rest=(0.25, 0.2), path="no_pass")
 
 
 def test_a_step_after_the_engine_may_have_idled_times_nothing(monkeypatch):
@@ -633,6 +641,39 @@ def test_a_request_history_drafts_alone_for_long_leaves_the_draft_models_passes(
     # the policy leaves "a"'s text: history has no draft, the model drafts for "b" again
     drafts = runner.step({"b": [*PROMPT, *range(5, 14), 99], "z": [*z, 25, 26, 27]}, [[99], [27]])
     assert drafts == [[MODEL_TOKEN] * 3] * 2 and runner.passes[-1] == ["b", "z"]
+
+
+def test_a_step_of_history_alone_leaves_its_rows_out_of_the_first_pass_but_a_new_requests(monkeypatch):
+    """In a step of history alone the rows taking history's draft leave the draft model's
+    first pass, but for a request's first step (the pass over its prompt); where no row is
+    left in it, no pass runs and the step is timed as its own path (`no_pass`), not as
+    the first pass's."""
+    asked, timed = [], []
+    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *a: asked.append(a[3]) or True)
+    observe = StepCosts.observe
+    monkeypatch.setattr(
+        StepCosts, "observe", lambda self, path, d, rest: timed.append(path) or observe(self, path, d, rest)
+    )
+    runner = _EagleRunner()
+    history = install_hybrid(runner, {"min_match": 1}, 1, 1, leave_out_after=2)
+    runner.step({"a": [*PROMPT, *range(5, 25)], "m": [30, 31, 32, 33, 34]}, [[24], [34]])
+    runner.step({"m": [30, 31, 32, 33, 34, 35]}, [[35]])  # the model measured
+    passes = len(runner.passes)
+    # "b" and "c" new: both take history's draft, both in the pass (their prompts')
+    drafts = runner.step({"b": [*PROMPT, 5], "c": [*PROMPT, 5, 6]}, [[5], [6]])
+    assert drafts == [[6, 7, 8], [7, 8, 9]] and runner.model_k[-1] == 0
+    assert runner.passes[-1] == ["b", "c"] and asked[-1] == timed[-1] == "first_pass"
+    # both seen before: out of the pass after one step of history (not yet out of the
+    # model's passes, which takes hybrid_leave_out_after = 2): no pass at all
+    drafts = runner.step(
+        {"b": [*PROMPT, *range(5, 10)], "c": [*PROMPT, *range(5, 11)]}, [[6, 7, 8, 9], [7, 8, 9, 10]]
+    )
+    assert drafts == [[10, 11, 12], [11, 12, 13]] and len(runner.passes) == passes + 1
+    assert asked[-1] == timed[-1] == "no_pass" and history.rows["left_out"] == 2
+    # "d" new: the pass runs over it alone
+    drafts = runner.step({"b": [*PROMPT, *range(5, 14)], "d": [*PROMPT, 5]}, [[10, 11, 12, 13], [5]])
+    assert drafts == [[14, 15, 16], [6, 7, 8]] and runner.passes[-1] == ["d"]
+    assert asked[-1] == timed[-1] == "first_pass" and history.rows["first_pass_only"] == 3
 
 
 def test_a_draft_is_scored_by_its_leading_tokens_the_step_emitted():

@@ -229,7 +229,10 @@ class SourceScores:
 class StepCosts:
     """Moving averages of an engine step's seconds: outside the draft model (`rest`: the
     target's forward, sampling, bookkeeping, history's lookup) and of the draft model's
-    work by path (`full`: all k positions; `first_pass`: its first pass only). Whether a
+    work by path (`full`: all k positions; `first_pass`: its first pass only; `no_pass`:
+    a step of history alone whose every row is left out of the draft model's pass, whose
+    seconds are the runner's around a pass of no rows, timed apart so that they neither
+    drag the first pass's average down nor are judged by it). Whether a
     step should draft from history alone, skipping the draft model's k - 1 sequential
     positions, is a question of tokens per second, not of tokens alone: a history draft a
     little worse than the model's, or none for a row or two, still pays when it saves the
@@ -237,7 +240,7 @@ class StepCosts:
 
     def __init__(self) -> None:
         self.rest: float | None = None
-        self.draft: dict[str, float | None] = {"full": None, "first_pass": None}
+        self.draft: dict[str, float | None] = {"full": None, "first_pass": None, "no_pass": None}
 
     def observe(self, path: str, draft_s: float, rest_s: float | None) -> None:
         self.draft[path] = _ema(self.draft[path], draft_s)
@@ -245,15 +248,20 @@ class StepCosts:
             self.rest = _ema(self.rest, rest_s)
 
     def first_pass_pays(
-        self, tokens_first_pass: float, tokens_full: float, rest: tuple[float, float] | None = None
+        self,
+        tokens_first_pass: float,
+        tokens_full: float,
+        rest: tuple[float, float] | None = None,
+        path: str = "first_pass",
     ) -> bool:
         """Whether a step of history's drafts alone, expected to emit `tokens_first_pass`
         tokens, is expected to be faster than one with the draft model's (`tokens_full`);
         `rest`: each path's seconds outside the draft model where known (VerifyCost's fit
         at the tokens each would verify: in a large batch history's drafts and the
-        model's do not cost the same to verify), else the average step's; True while a
-        path has not been timed (so it is)."""
-        first, full = self.draft["first_pass"], self.draft["full"]
+        model's do not cost the same to verify), else the average step's; `path`: history
+        alone's (`first_pass`, or `no_pass` where no row would be in the pass); True while
+        a path has not been timed (so it is)."""
+        first, full = self.draft[path], self.draft["full"]
         rest_first, rest_full = rest or (self.rest, self.rest)
         if first is None or full is None or rest_first is None or rest_full is None:
             return True

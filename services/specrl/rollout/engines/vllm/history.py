@@ -24,9 +24,15 @@ candidate, over the step's time without the draft model's k - 1 positions, again
 better source per row over the step's time with them, both times measured: StepCosts;
 each path's time outside the draft model at the tokens it verifies, where that cost is
 fitted, its slope resolved or not: VerifyCost), the draft model runs its first pass only
-(over the tokens just verified, so its KV cache stays current): the hybrid then costs
-about what history alone does; every REMEASURE_EVERY such steps in a row it drafts once
-more, to be scored again. Otherwise the draft model drafts every row and the rows that
+(over the tokens just verified, which keeps its KV cache current), and only over the rows
+that do not take history's draft and the requests on their first step (the pass over
+their prompts): the rows taking it are left out (drafter_rows.py), their caches stale
+over such steps as for `hybrid_leave_out_after` below. Where no row is left in the pass
+none runs and the step costs about what history alone does; such steps are timed as a
+path of their own (StepCosts `no_pass`), apart from the steps whose pass runs (RL-Zero
+epoch 1, c=4 on the CPU testbed: the draft model's call 0.2 ms against 2.9 ms with a
+pass, logged ad hoc). Every REMEASURE_EVERY such steps in a row it drafts once more, to
+be scored again. Otherwise the draft model drafts every row and the rows that
 take history get history's tokens first and the model's after them. History may draft
 past the draft model's k (`history.hybrid_max_draft`: the engine is built for the longer
 draft, the model asked for its own k): where a request repeats its history, a step then
@@ -302,7 +308,6 @@ def install_hybrid(
         if drafter_rows is not None:
             left_out = {i for i in chosen if alone.get(batch.req_ids[i], 0) >= leave_out_after}
             drafter_rows.left_out = {batch.req_ids[i] for i in left_out}
-        in_pass = len(left_out) < len(batch.req_ids)  # a row the draft model's pass runs over
         # tokens each row is expected to emit: without the model's positions, history's
         # draft or none (a row without a candidate emits its one sampled token); with them,
         # the better source's. History's, the whole draft it offers now (past the model's
@@ -328,14 +333,25 @@ def install_hybrid(
         verified = (sum(1 + len(found[i]) for i in candidates) + len(live) - len(candidates),
                     sum(1 + (max(len(found[i]), k) if i in chosen else k) for i in live))  # fmt: skip
         rest = None if fit is None else (fit.at(verified[0]), fit.at(verified[1]))
+        # in a step of history alone every row taking history's draft leaves the draft
+        # model's first pass too, but for a request's first step (the pass over its
+        # prompt, which a cache it comes back to needs): the pass runs over the other rows
+        # only, and where there are none the step costs about what history alone does
+        alone_out = left_out
+        if drafter_rows is not None:
+            alone_out = left_out | {i for i in candidates if batch.req_ids[i] in alone}
+        alone_path = "no_pass" if len(alone_out) == len(batch.req_ids) else "first_pass"
         first_pass_only = (
             k > 0
             and bool(candidates - left_out)
             and streak < REMEASURE_EVERY
             and bool(scores.measured["model"])
-            and costs.first_pass_pays(tokens_first_pass, tokens_full, rest)
+            and costs.first_pass_pays(tokens_first_pass, tokens_full, rest, alone_path)
         )
-        path = "first_pass" if first_pass_only else "full"
+        if first_pass_only and drafter_rows is not None:
+            left_out = alone_out
+            drafter_rows.left_out = {batch.req_ids[i] for i in left_out}
+        path = alone_path if first_pass_only else "full"
         # how far each row that takes history's draft drafts: to the model's k, or past it
         # where the positions' expected acceptance pays for verifying them (draft_lengths)
         takes = sorted(candidates) if first_pass_only else chosen
@@ -358,8 +374,7 @@ def install_hybrid(
             first_pass = _scheduled_for(scheduler_output, 0)
             started = time.perf_counter()
             propose_model(first_pass, sampled_token_ids, *args, **kwargs)
-            if in_pass:
-                costs.observe("first_pass", time.perf_counter() - started, rest_s)
+            costs.observe(path, time.perf_counter() - started, rest_s)
             history.rows["history"] += len(candidates)
             history.rows["first_pass_only"] += 1
             for i in candidates:
@@ -372,7 +387,7 @@ def install_hybrid(
             scheduler_output = _scheduled_for(scheduler_output, k)
             started = time.perf_counter()
             drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
-            if in_pass:
+            if len(left_out) < len(batch.req_ids):  # a row the draft model's passes ran over
                 costs.observe("full", time.perf_counter() - started, rest_s)
             if runner._draft_probs is not None:
                 raise RuntimeError(
