@@ -307,7 +307,6 @@ def install_hybrid(
         left_out: set[int] = set()
         if drafter_rows is not None:
             left_out = {i for i in chosen if alone.get(batch.req_ids[i], 0) >= leave_out_after}
-            drafter_rows.left_out = {batch.req_ids[i] for i in left_out}
         # tokens each row is expected to emit: without the model's positions, history's
         # draft or none (a row without a candidate emits its one sampled token); with them,
         # the better source's. History's, the whole draft it offers now (past the model's
@@ -348,8 +347,9 @@ def install_hybrid(
             and bool(scores.measured["model"])
             and costs.first_pass_pays(tokens_first_pass, tokens_full, rest, alone_path)
         )
-        if first_pass_only and drafter_rows is not None:
+        if first_pass_only:
             left_out = alone_out
+        if drafter_rows is not None:
             drafter_rows.left_out = {batch.req_ids[i] for i in left_out}
         path = alone_path if first_pass_only else "full"
         # how far each row that takes history's draft drafts: to the model's k, or past it
