@@ -7,6 +7,7 @@ stand-in has the attributes the hybrid reads."""
 from __future__ import annotations
 
 import itertools
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -365,6 +366,24 @@ def test_where_verification_is_fitted_each_path_is_timed_at_the_tokens_it_verifi
     assert asked[-1][2] == (pytest.approx(0.015), pytest.approx(0.022))
 
 
+def test_with_the_models_positions_each_row_is_expected_at_the_source_it_takes(monkeypatch):
+    """The path with the draft model's positions is expected to emit, per row, what the
+    source the row takes is expected to: "b" takes history's draft (history scored 3, the
+    model 2), so it counts history's 2 tokens at 0.5 each, not the model's higher
+    expectation (the maximum of the two was biased up: at c=64 on the CPU testbed such
+    steps were expected to emit 281 tokens and emitted 238); "c" (no history) the
+    model's 2."""
+    asked = []
+    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *a: asked.append(a) or False)
+    runner, _ = _hybrid(min_draft=2)
+    monkeypatch.setattr(SourceScores, "expected", lambda self, req: {"history": 3.0, "model": 2.0})
+    monkeypatch.setattr(SourceScores, "position_acceptance", lambda self, req, source, n: [0.5] * n)
+    drafts = runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24]}, [[6], [24]])
+    assert drafts == [[7, 8, MODEL_TOKEN], [MODEL_TOKEN] * 3]
+    tokens_first_pass, tokens_full, *_ = asked[-1]
+    assert (tokens_first_pass, tokens_full) == (pytest.approx(1 + 1.0 + 1), pytest.approx(1 + 1.0 + 1 + 2))
+
+
 def test_history_alone_is_expected_to_emit_what_its_draft_now_offers(monkeypatch):
     """A step of history's drafts alone is judged by the draft history offers now,
     position by position (SourceScores.position_acceptance), not by the tokens its last
@@ -674,6 +693,44 @@ def test_a_step_of_history_alone_leaves_its_rows_out_of_the_first_pass_but_a_new
     drafts = runner.step({"b": [*PROMPT, *range(5, 14)], "d": [*PROMPT, 5]}, [[10, 11, 12, 13], [5]])
     assert drafts == [[14, 15, 16], [6, 7, 8]] and runner.passes[-1] == ["d"]
     assert asked[-1] == timed[-1] == "first_pass" and history.rows["first_pass_only"] == 3
+
+
+class _TimedEagleRunner(_EagleRunner):
+    """_EagleRunner whose drafter has a torch model: its first pass is one forward, each
+    later position another after POSITION_S (the draft model's k - 1 sequential ones)."""
+
+    POSITION_S = 0.02
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drafter.model = torch.nn.Identity()
+
+    def _pass(self, k, tokens, positions, hidden, next_ids, to_sample, cad, *args, **kwargs):
+        for _ in range(max(k, 1)):
+            self.drafter.model(hidden)
+            time.sleep(self.POSITION_S if k > 1 else 0.0)
+        return super()._pass(k, tokens, positions, hidden, next_ids, to_sample, cad, *args, **kwargs)
+
+
+def test_a_step_with_the_models_positions_times_its_first_pass_too(monkeypatch):
+    """A step where the draft model drafts its k positions also times its first pass (to
+    its first forward's end: FirstForward), as a step of history alone's would be: the
+    first pass's cost is then known from every step that runs one, and one slow step of
+    history alone (a pass over many new prompts) cannot keep the path untaken."""
+    _model_drafts_every_step(monkeypatch)
+    timed = []
+    observe = StepCosts.observe
+    monkeypatch.setattr(
+        StepCosts,
+        "observe",
+        lambda self, path, d, rest: timed.append((path, d)) or observe(self, path, d, rest),
+    )
+    runner = _TimedEagleRunner()
+    install_hybrid(runner, {"min_match": 1}, 1, 1)
+    runner.step({"m": [30, 31, 32, 33, 34]}, [[34]])
+    (full, full_s), (first, first_s) = timed
+    assert (full, first) == ("full", "first_pass")
+    assert first_s < _TimedEagleRunner.POSITION_S <= full_s  # the k - 1 positions after it: not in it
 
 
 def test_a_draft_is_scored_by_its_leading_tokens_the_step_emitted():

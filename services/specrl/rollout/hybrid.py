@@ -229,7 +229,8 @@ class SourceScores:
 class StepCosts:
     """Moving averages of an engine step's seconds: outside the draft model (`rest`: the
     target's forward, sampling, bookkeeping, history's lookup) and of the draft model's
-    work by path (`full`: all k positions; `first_pass`: its first pass only; `no_pass`:
+    work by path (`full`: all k positions; `first_pass`: its first pass only, timed in
+    steps of the full path too, to its first forward's end; `no_pass`:
     a step of history alone whose every row is left out of the draft model's pass, whose
     seconds are the runner's around a pass of no rows, timed apart so that they neither
     drag the first pass's average down nor are judged by it). Whether a

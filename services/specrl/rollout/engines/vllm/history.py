@@ -21,7 +21,8 @@ sources' drafts are scored every step, verified or not). When history's drafts a
 expected to give more tokens per second (their expected accepted tokens, position by
 position as SourceScores.position_acceptance has them, none for a row without a
 candidate, over the step's time without the draft model's k - 1 positions, against the
-better source per row over the step's time with them, both times measured: StepCosts;
+source each row takes over the step's time with them, both times measured: StepCosts,
+the first pass's in every step that runs one (FirstForward);
 each path's time outside the draft model at the tokens it verifies, where that cost is
 fitted, its slope resolved or not: VerifyCost), the draft model runs its first pass only
 (over the tokens just verified, which keeps its KV cache current), and only over the rows
@@ -82,6 +83,7 @@ from collections.abc import Collection
 from typing import Any
 
 import numpy as np
+import torch
 
 from specrl.rollout.engines.vllm.drafter_rows import DrafterRows
 from specrl.rollout.history import HistoryIndex
@@ -214,6 +216,29 @@ def _scheduled_for(scheduler_output: Any, k: int) -> Any:
     return scheduled
 
 
+class FirstForward:
+    """When the draft model's first forward of a call ended (its first pass, over the
+    tokens just verified), through a forward hook on the drafter's model: a step where the
+    draft model drafts its k positions times its first pass too, so the first pass's cost
+    is known from every step that runs one, not only from steps of history alone. Timed
+    from one such step only (an epoch's first, a pass over 28 new prompts: 14.8 ms, where
+    later steps of history alone spent 6.5 ms in the draft model), the path stayed
+    untaken, its average never corrected (RL-Zero epoch 1, c=64 on the CPU testbed, logged
+    ad hoc: one step of history alone with a pass in 127, 62 of 137 once timed so). Host
+    time: on a GPU the forward's end is its launch's. A drafter without a torch model
+    (none to hook) times nothing (`ended` stays None)."""
+
+    def __init__(self, drafter: Any) -> None:
+        self.ended: float | None = None
+        model = getattr(drafter, "model", None)
+        if isinstance(model, torch.nn.Module):
+            model.register_forward_hook(self._ended)
+
+    def _ended(self, *_: Any) -> None:
+        if self.ended is None:
+            self.ended = time.perf_counter()
+
+
 def install_hybrid(
     runner: Any,
     settings: dict,
@@ -238,6 +263,7 @@ def install_hybrid(
     verify = VerifyCost()
     drafter = getattr(runner, "drafter", None)
     drafter_rows = DrafterRows(runner) if leave_out_after and DrafterRows.supported(drafter) else None
+    first_forward = FirstForward(drafter)
     alone: dict[str, int] = {}  # per request: steps in a row it took history's draft
     quiet: dict[str, int] = {}  # per request: steps in a row it did not (looks_up)
     share = TakenShare(idle_share)  # the replica's rows that took it: is it idle
@@ -302,6 +328,7 @@ def install_hybrid(
             scores.score(batch.req_ids[i], sampled_token_ids[i], at[i])
         candidates = {i for i in live if len(found[i]) >= min_draft}
         chosen = [i for i in sorted(candidates) if scores.prefers_history(batch.req_ids[i])]
+        takes_history = set(chosen)
         # a request that took history's draft `leave_out_after` steps in a row is left out
         # of the draft model's passes while history keeps it (drafter_rows.py)
         left_out: set[int] = set()
@@ -309,7 +336,11 @@ def install_hybrid(
             left_out = {i for i in chosen if alone.get(batch.req_ids[i], 0) >= leave_out_after}
         # tokens each row is expected to emit: without the model's positions, history's
         # draft or none (a row without a candidate emits its one sampled token); with them,
-        # the better source's. History's, the whole draft it offers now (past the model's
+        # the draft of the source it takes (not the better of the two expectations: their
+        # maximum is biased up, and a row left out of the model's passes gets history's
+        # only; at c=64 from RL-Zero's epoch 1 on the CPU testbed, steps with the model's
+        # positions were expected to emit 281 tokens and emitted 238, which locked steps of
+        # history alone out). History's, the whole draft it offers now (past the model's
         # k where it does: rows taking it draft that far on either path), position by
         # position (position_acceptance), not its last drafts' agreed tokens: one lucky
         # match of a prompt's span lifts those, and a step of history alone then emits
@@ -324,13 +355,13 @@ def install_hybrid(
         own = {i: sum(accept[i]) for i in candidates}
         model = {i: scores.expected(batch.req_ids[i])["model"] for i in live}
         tokens_first_pass = sum(1 + own[i] for i in candidates) + len(live) - len(candidates)
-        tokens_full = sum(1 + (max(own[i], m) if i in candidates else m) for i, m in model.items())
+        tokens_full = sum(1 + (own[i] if i in takes_history else m) for i, m in model.items())
         # each path's seconds outside the draft model at the tokens it verifies (history's
         # draft alone; or k a row, history's draft then the model's for the rows taking
         # it), where verification is fitted (its slope resolved or not: VerifyCost)
         fit = verify.fit(len(live)) if candidates else None  # needed where history drafts only
         verified = (sum(1 + len(found[i]) for i in candidates) + len(live) - len(candidates),
-                    sum(1 + (max(len(found[i]), k) if i in chosen else k) for i in live))  # fmt: skip
+                    sum(1 + (max(len(found[i]), k) if i in takes_history else k) for i in live))  # fmt: skip
         rest = None if fit is None else (fit.at(verified[0]), fit.at(verified[1]))
         # in a step of history alone every row taking history's draft leaves the draft
         # model's first pass too, but for a request's first step (the pass over its
@@ -385,10 +416,13 @@ def install_hybrid(
         else:
             streak = 0
             scheduler_output = _scheduled_for(scheduler_output, k)
+            first_forward.ended = None
             started = time.perf_counter()
             drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
             if len(left_out) < len(batch.req_ids):  # a row the draft model's passes ran over
                 costs.observe("full", time.perf_counter() - started, rest_s)
+                if first_forward.ended is not None:  # its first pass, as history alone's (FirstForward)
+                    costs.observe("first_pass", first_forward.ended - started, None)
             if runner._draft_probs is not None:
                 raise RuntimeError(
                     "hybrid history drafting needs deterministic draft-model drafts (vLLM "
@@ -402,11 +436,11 @@ def install_hybrid(
             for i in candidates:  # history's draft, the model's after it: what would be verified
                 row = found[i] + (drafts[i][len(found[i]) :] if i not in left_out else [])
                 scores.offer(batch.req_ids[i], "history", row, at[i], own=len(found[i]))
-                if i in chosen:
+                if i in takes_history:
                     drafts[i] = row
         history.rows["long_drafts"] += any(len(row) > k for row in drafts)  # past the model's k
         history.rows["left_out"] += len(left_out)
-        took = candidates if first_pass_only else set(chosen)
+        took = candidates if first_pass_only else takes_history
         for i in live:
             req = batch.req_ids[i]
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
