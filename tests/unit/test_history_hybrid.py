@@ -573,11 +573,13 @@ def test_a_new_request_on_a_replica_whose_rows_seldom_take_history_starts_quiet(
 
 def test_an_idle_replica_runs_steps_on_the_padded_path_and_extends_history_from_them(monkeypatch):
     """On a replica where history is idle, a step in which no row took history's draft
-    turns vLLM's padded drafter path on for the next PROBE_EVERY - 1 steps: those hand
-    the draft model's drafts through (called with the step's sampled tensor, -1 past the
-    accepted tokens) and extend history's trees from it; then the unpadded path is back."""
+    turns vLLM's padded drafter path on for the next IDLE_PADDED_STEPS steps (3 here):
+    those hand the draft model's drafts through (called with the step's sampled tensor,
+    -1 past the accepted tokens) and extend history's trees from it; then the unpadded
+    path is back."""
     _model_drafts_every_step(monkeypatch)
     monkeypatch.setattr(hybrid, "IDLE_ROWS", 3.0)
+    monkeypatch.setattr(vllm_history, "IDLE_PADDED_STEPS", 3)
     runner = _Runner()
     runner.speculative_config = SimpleNamespace(disable_padded_drafter_batch=True)
     runner.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
@@ -589,15 +591,15 @@ def test_an_idle_replica_runs_steps_on_the_padded_path_and_extends_history_from_
     assert not runner.speculative_config.disable_padded_drafter_batch
     scheduled = SimpleNamespace(num_spec_tokens_to_schedule=runner.engine_k)
     emitted = [[26, 27, -1, -1], [40, 41, 42, 43], [50, -1, -1, -1]]  # "z"'s
-    for step in range(hybrid.PROBE_EVERY - 1):
+    for step in range(3):
         # before bookkeeping: the batch holds last step's tokens; "m" ends after this step
         runner.batch({"z": [*z, 24, 25], "m": [30, 31, 32, 33, 34, 35]})
         runner.discard_request_mask.np[1] = step == 1  # vLLM discards "m"'s row: nothing added
         sampled = torch.tensor([emitted[step], [36 + step, -1, -1, -1]])
         drafts = runner.propose_draft_token_ids(scheduled, sampled)
         assert drafts.tolist() == [[MODEL_TOKEN] * 3] * 2
-        assert runner.speculative_config.disable_padded_drafter_batch == (step == hybrid.PROBE_EVERY - 2)
-    assert history.rows["padded"] == hybrid.PROBE_EVERY - 1
+        assert runner.speculative_config.disable_padded_drafter_batch == (step == 2)
+    assert history.rows["padded"] == 3
     # "y", a sibling of "z", drafts what "z" emitted on the padded steps; "m" and "w"
     # (another sample of m's prompt) show the discarded row added nothing
     drafts = runner.step({"y": [*z, 24, 25, 26], "w": [30, 31, 32, 33, 34, 35, 36]}, [[26], [36]])

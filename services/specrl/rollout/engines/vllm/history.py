@@ -56,7 +56,7 @@ its drafts scored) only every `hybrid.PROBE_EVERY` steps; its tokens still go in
 prompt's tree every step, for its siblings. Where few of the replica's rows take
 history's drafts (`history.hybrid_idle_share`: a first epoch, new prompts) a new request
 starts so, looked up on its first step. Such a replica, in a step where no row took
-history's draft, also runs the next `hybrid.PROBE_EVERY` - 1 steps on vLLM's padded
+history's draft, also runs the next `hybrid.IDLE_PADDED_STEPS` steps on vLLM's padded
 drafter path (vLLM reads `disable_padded_drafter_batch` every step): the draft model
 drafts alone, before bookkeeping, as EAGLE-3 alone does, and history's trees are
 extended from those steps' sampled tokens (`HistoryProposer.extend_sampled`). RL-Zero
@@ -88,7 +88,7 @@ import torch
 from specrl.rollout.engines.vllm.drafter_rows import DrafterRows
 from specrl.rollout.history import HistoryIndex
 from specrl.rollout.hybrid import (
-    PROBE_EVERY,
+    IDLE_PADDED_STEPS,
     REMEASURE_EVERY,
     SourceScores,
     StepCosts,
@@ -448,7 +448,7 @@ def install_hybrid(
             quiet[req] = 0 if i in took else quiet.get(req, start) + 1
         share.observe(len(took), len(live))
         if spec_config is not None and share.idle and not took:
-            padded_left = PROBE_EVERY - 1  # the next steps on vLLM's padded path (module docstring)
+            padded_left = IDLE_PADDED_STEPS  # the next steps on vLLM's padded path (module docstring)
             spec_config.disable_padded_drafter_batch = False
         last = set(batch.req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
         returned_at = time.perf_counter()
