@@ -225,9 +225,8 @@ class FirstForward:
     timed in every step, such steps of 30-64 rows spent 6.5-6.6 ms in the draft model),
     the path stayed untaken, its average never corrected (RL-Zero epoch 1, c=64 on the
     CPU testbed, logged ad hoc: one step of history alone with a pass in 127, 62 of 137
-    once timed so). Host
-    time: on a GPU the forward's end is its launch's. A drafter without a torch model
-    (none to hook) times nothing (`ended` stays None)."""
+    once timed so). Host time: on a GPU the forward's end is its launch's. A drafter
+    without a torch model (none to hook) times nothing (`ended` stays None)."""
 
     def __init__(self, drafter: Any) -> None:
         self.ended: float | None = None
@@ -341,8 +340,8 @@ def install_hybrid(
         # maximum is biased up, and a row left out of the model's passes gets history's
         # only; at c=64 from RL-Zero's epoch 1 on the CPU testbed, steps with the model's
         # positions were expected to emit 281 tokens and emitted 238, logged ad hoc).
-        # History's, the whole draft it offers now (past the model's
-        # k where it does: rows taking it draft that far on either path), position by
+        # History's, the whole draft it offers now (past the model's k where it does:
+        # rows taking it draft that far on either path), position by
         # position (position_acceptance), not its last drafts' agreed tokens: one lucky
         # match of a prompt's span lifts those, and a step of history alone then emits
         # fewer tokens than the model would have (module docstring). Cut at the model's
