@@ -129,6 +129,7 @@ def test_status_health_and_metrics(eagle):
     if not torch.cuda.is_available():
         assert list(st.engine_patches) == [
             "fix_cpu_expand_batch_to_tokens",
+            "fix_cpu_gemm_token_buckets",
             "fix_cpu_logprob_rank_compile",
             "fix_cpu_seeded_partial_prefill",
             "fork_cpu_engine_processes",  # the worker is forked from the server

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import tomllib
 import torch
+from vllm import _custom_ops as ops
 
 from specrl.rollout.engines.vllm import patches, selftest
 
@@ -55,6 +56,52 @@ def test_logprob_ranks_are_counted_without_compiling(monkeypatch):
     assert compiled == [large.shape]
 
 
+def test_gemm_token_counts_fall_into_few_buckets_each_at_most_an_eighth_larger():
+    counts = range(1, 1 << 16)
+    buckets = [patches.gemm_rows(n) for n in counts]
+    assert buckets[: patches.GEMM_EXACT_ROWS] == list(range(1, patches.GEMM_EXACT_ROWS + 1))
+    assert all(n <= b <= n + n / patches.GEMM_BUCKETS_PER_DOUBLING for n, b in zip(counts, buckets))
+    assert all(patches.gemm_rows(b) == b for b in set(buckets))  # a bucket is its own
+    assert len(set(buckets)) <= patches.GEMM_KERNELS  # every bucket's kernel is kept
+    assert [patches.gemm_rows(n) for n in (17, 33, 100, 300, 513)] == [18, 36, 104, 320, 576]
+
+
+def test_bucketed_gemm_gives_the_unpadded_results_and_meets_few_counts(monkeypatch):
+    """A CPU GEMM over ragged token counts (fix_cpu_gemm_token_buckets): each count's
+    rows are computed as without padding, and the kernel meets a bucket's count only."""
+    if not ops._supports_onednn:
+        pytest.skip("this vLLM build has no oneDNN GEMM")
+    original = patches.ORIGINALS.get("onednn_mm", ops.onednn_mm)
+    for name in ("onednn_mm", "create_onednn_mm"):
+        monkeypatch.setattr(ops, name, patches.ORIGINALS.get(name, getattr(ops, name)))
+    met: list[int] = []
+
+    def recording(handler, x, bias):
+        met.append(x.numel() // handler.k)
+        return original(handler, x, bias)
+
+    monkeypatch.setitem(patches.ORIGINALS, "onednn_mm", recording)
+    monkeypatch.setitem(
+        patches.ORIGINALS, "create_onednn_mm", patches.ORIGINALS.get("create_onednn_mm", ops.create_onednn_mm)
+    )
+    assert patches.fix_cpu_gemm_token_buckets()
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
+    handler = ops.create_onednn_mm(weight.t(), 32)
+    counts = [1, 5, 16, 17, *range(100, 400, 3)]  # ragged, as verified drafts are
+    for n in counts:
+        x = torch.randn(n, 64, generator=g)
+        out = ops.onednn_mm(handler, x, bias)
+        assert out.shape == (n, 96)
+        assert torch.equal(out, original(handler, x, bias))
+    assert met == [patches.gemm_rows(n) for n in counts]
+    assert len(set(met)) == 21 < len(set(counts)) / 4  # 104 counts
+    x = torch.randn(3, 5, 64, generator=g)  # leading dimensions kept
+    assert torch.equal(
+        ops.onednn_mm(handler, x, None), original(handler, x.reshape(15, 64), None).view(3, 5, 96)
+    )
+
+
 def test_self_test_fails_without_the_fix(sampler, monkeypatch):
     from vllm.v1.sample import rejection_sampler
 
@@ -96,6 +143,8 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
 
     original = patches.ORIGINALS.get("expand_batch_to_tokens", rejection_sampler.expand_batch_to_tokens)
     monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", original)
+    for name in ("onednn_mm", "create_onednn_mm"):  # restored after the test
+        monkeypatch.setattr(ops, name, patches.ORIGINALS.get(name, getattr(ops, name)))
     rank_fn = sampler_module.batched_count_greater_than
     monkeypatch.setattr(sampler_module, "batched_count_greater_than", rank_fn)  # restored after
     for name in ("_sample", "_bookkeeping_sync"):  # restored after the test
@@ -121,6 +170,7 @@ def test_plugin_respects_the_disable_switch(monkeypatch):
     assert rejection_sampler.expand_batch_to_tokens is patches._expand_batch_to_tokens
     assert sorted(patches.applied()) == [
         "fix_cpu_expand_batch_to_tokens",
+        "fix_cpu_gemm_token_buckets",
         "fix_cpu_logprob_rank_compile",
         "fix_cpu_seeded_partial_prefill",
         "fork_cpu_engine_processes",
@@ -151,7 +201,10 @@ def test_the_environment_turns_off_all_fixes_or_the_named_ones(monkeypatch, valu
 @pytest.mark.parametrize("value", ["-fix_typo", "fix_cpu_expand_batch_to_tokens", "maybe"])
 def test_a_fix_name_that_is_no_fix_is_an_error_naming_the_fixes(monkeypatch, value):
     monkeypatch.setenv(patches.DISABLE_ENV, value)
-    with pytest.raises(ValueError, match="fix_cpu_expand_batch_to_tokens, fix_cpu_logprob_rank_compile"):
+    with pytest.raises(
+        ValueError,
+        match="fix_cpu_expand_batch_to_tokens, fix_cpu_gemm_token_buckets, fix_cpu_logprob_rank_compile",
+    ):
         patches.disabled()
 
 
