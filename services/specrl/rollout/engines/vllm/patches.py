@@ -195,9 +195,9 @@ def fix_cpu_gemm_token_buckets() -> bool:
     decoding's 18-19%; logged ad hoc). Counts are rounded up to a few per doubling and
     every bucket's kernel is kept (GEMM_KERNELS), so each is built once; on GPUs vLLM
     pads a batch to its CUDA graph sizes, which does the same there. Paired with the
-    engine without it (docs/draft.md, two runs): at c=64 0.92-1.23x the tokens a second
-    of EAGLE-3 alone, 1.10-1.16x history's, 1.03-1.33x the hybrid's (two of ten
-    resolved, both faster); at c=4 alike. Not filed upstream that we found. At Qwen3-8B's
+    engine without it (docs/draft.md, three runs): at c=64 0.92-1.23x the tokens a second
+    of EAGLE-3 alone, 1.10-1.16x history's, 1.03-1.33x the hybrid's (three of fourteen
+    resolved, all faster); at c=4 alike. Not filed upstream that we found. At Qwen3-8B's
     layer size (4096 x 4096) building is a small part of a GEMM (measured: 24.5 ms a
     GEMM over new counts, 24.2 over buckets), and padding adds at most 1/8 more rows."""
     import vllm
