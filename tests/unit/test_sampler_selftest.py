@@ -80,14 +80,20 @@ def test_bucketed_gemm_gives_the_unpadded_results_and_meets_few_counts(monkeypat
         met.append(x.numel() // handler.k)
         return original(handler, x, bias)
 
+    create = patches.ORIGINALS.get("create_onednn_mm", ops.create_onednn_mm)
+    kept: list[int] = []
+
+    def creating(weight, primitive_cache_size):
+        kept.append(primitive_cache_size)
+        return create(weight, primitive_cache_size)
+
     monkeypatch.setitem(patches.ORIGINALS, "onednn_mm", recording)
-    monkeypatch.setitem(
-        patches.ORIGINALS, "create_onednn_mm", patches.ORIGINALS.get("create_onednn_mm", ops.create_onednn_mm)
-    )
+    monkeypatch.setitem(patches.ORIGINALS, "create_onednn_mm", creating)
     assert patches.fix_cpu_gemm_token_buckets()
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
-    handler = ops.create_onednn_mm(weight.t(), 32)
+    handler = ops.create_onednn_mm(weight.t(), 32)  # as vLLM's CPU layers ask
+    assert kept == [patches.GEMM_KERNELS]  # every bucket's kernel kept, not 32
     counts = [1, 5, 16, 17, *range(100, 400, 3)]  # ragged, as verified drafts are
     for n in counts:
         x = torch.randn(n, 64, generator=g)
