@@ -606,6 +606,35 @@ def test_an_idle_replica_runs_steps_on_the_padded_path_and_extends_history_from_
     assert drafts == [[27, 40, 41], [38, MODEL_TOKEN, MODEL_TOKEN]]
 
 
+def test_an_idle_replica_takes_history_again_once_its_drafts_agree_on_the_padded_steps(monkeypatch):
+    """A replica that went idle (a first epoch's: the draft model preferred, no row taking
+    history's draft) scores the drafts offered in its unpadded step against what the padded
+    step after it emitted: where history's agreed, the request takes history's draft at the
+    next unpadded step (a later epoch's history is used), not the draft model's for good."""
+    _model_drafts_every_step(monkeypatch)
+    monkeypatch.setattr(hybrid, "IDLE_ROWS", 3.0)
+    monkeypatch.setattr(vllm_history, "IDLE_PADDED_STEPS", 3)
+    runner = _Runner()
+    runner.speculative_config = SimpleNamespace(disable_padded_drafter_batch=True)
+    runner.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
+    install_hybrid(runner, {"min_match": 1}, 1, 1)
+    a = [*PROMPT, *range(50, 62)]  # an earlier response to PROMPT
+    m = [30, 31, 32, 33, 34]
+    runner.step({"a": a, "m": m}, [[61], [34]])
+    # the draft model's drafts agree on "m": preferred over history, never measured yet;
+    # "v", a new sample of PROMPT, is offered history's draft and takes the model's
+    drafts = runner.step({"m": [*m, 9, 9, 9, 9], "v": [*PROMPT, 50]}, [[9, 9, 9, 9], [50]])
+    assert drafts[1] == [MODEL_TOKEN] * 3
+    assert not runner.speculative_config.disable_padded_drafter_batch  # idle: padded steps
+    scheduled = SimpleNamespace(num_spec_tokens_to_schedule=runner.engine_k)
+    for v_emitted in ([51, 52, 53, 54], [55, -1, -1, -1], [56, -1, -1, -1]):  # history's tokens
+        runner.batch({"m": [*m, 9, 9, 9, 9], "v": [*PROMPT, 50]})  # before bookkeeping
+        runner.propose_draft_token_ids(scheduled, torch.tensor([[9, -1, -1, -1], v_emitted]))
+    assert runner.speculative_config.disable_padded_drafter_batch
+    drafts = runner.step({"v": [*PROMPT, *range(50, 58)]}, [[57]])
+    assert drafts == [[58, 59, 60]]
+
+
 class _EagleRunner(_Runner):
     """The stand-in runner calling an EAGLE drafter's `propose` (the pathway whose rows the
     hybrid can leave out: drafter_rows.py), one token a row, which records each pass's

@@ -58,8 +58,11 @@ history's drafts (`history.hybrid_idle_share`: a first epoch, new prompts) a new
 starts so, looked up on its first step. Such a replica, in a step where no row took
 history's draft, also runs the next `hybrid.IDLE_PADDED_STEPS` steps on vLLM's padded
 drafter path (vLLM reads `disable_padded_drafter_batch` every step): the draft model
-drafts alone, before bookkeeping, as EAGLE-3 alone does, and history's trees are
-extended from those steps' sampled tokens (`HistoryProposer.extend_sampled`). RL-Zero
+drafts alone, before bookkeeping, as EAGLE-3 alone does, history's trees are
+extended from those steps' sampled tokens (`HistoryProposer.extend_sampled`), and the
+drafts offered in the unpadded step before them are scored against the first one's (left
+unscored, a replica once idle never took history's drafts again: a server kept across a
+run's epochs used none after its first, RL-Zero on the CPU testbed). RL-Zero
 epoch 0, c=16 on the testbed: the unpadded path made the draft model's call ~12% longer,
 and ~1% fewer tokens a step were emitted (docs/draft.md).
 
@@ -162,13 +165,15 @@ class HistoryProposer:
         self._finish_ended()
         return drafts
 
-    def extend_sampled(self, sampled: Any) -> None:
+    def extend_sampled(self, sampled: Any) -> list[tuple[str, list[int], int]]:
         """A step on vLLM's padded drafter path, before its bookkeeping: each known
         request's row of `sampled` (the step's sampled tokens, -1 past those accepted)
         extends its tree, its last step's included (a request that ends is gone from the
-        batch by its next step). A row vLLM discards (a partial prefill) adds nothing."""
+        batch by its next step). A row vLLM discards (a partial prefill) adds nothing.
+        Returns what each extended request emitted: (its id, the tokens, its tokens now)."""
         batch = self.runner.input_batch
         discard = self.runner.discard_request_mask.np
+        emitted = []
         for i, row in enumerate(sampled.tolist()):
             known = self._requests.get(batch.req_ids[i]) if i < len(batch.req_ids) else None
             tokens = [t for t in row if t >= 0]
@@ -177,6 +182,8 @@ class HistoryProposer:
             key, seq, seen = known
             self.index.extend(key, seq, tokens)
             self._requests[batch.req_ids[i]] = (key, seq, seen + len(tokens))
+            emitted.append((batch.req_ids[i], tokens, seen + len(tokens)))
+        return emitted
 
     def _finish_ended(self) -> None:
         # ended (the runner's requests: one not scheduled this step is out of the batch only)
@@ -278,9 +285,13 @@ def install_hybrid(
 
     def padded_step(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
         """A step of an idle replica on vLLM's padded path: the draft model's drafts
-        alone; the path goes back to unpadded once the last such step has drafted."""
+        alone; the path goes back to unpadded once the last such step has drafted. The
+        drafts offered in the unpadded step before it are scored against what this step
+        emitted: unscored, history's would never be taken again on a replica that went
+        idle (a first epoch's), whatever a later epoch's history offers."""
         nonlocal padded_left, returned_at
-        history.extend_sampled(sampled_token_ids)
+        for req, emitted, at in history.extend_sampled(sampled_token_ids):
+            scores.score(req, emitted, at)
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)
         drafts = propose_model(_scheduled_for(scheduler_output, k), sampled_token_ids, *args, **kwargs)
         history.rows["padded"] += 1
