@@ -147,10 +147,12 @@ class HistoryConfig(StrictModel):
     # draft model's passes (EAGLE-3 only), for as long as history keeps drafting it: the
     # draft model's work runs over the other requests only (0: never leave one out).
     hybrid_leave_out_after: int = Field(2, ge=0)
-    # A replica where under this share of the rows took history's draft lately (a first
-    # epoch, new prompts) starts new requests looked up only every few steps and runs the
-    # steps in which no row took it on vLLM's padded drafter path, the draft model alone
-    # (rollout/hybrid.py TakenShare; 0: never, 1: whenever nothing was taken).
+    # Where under this share of a kind of request's rows took history's draft lately (a
+    # first epoch, new prompts; fresh requests and those whose prompt has finished
+    # responses are judged apart) new requests of that kind are looked up only every few
+    # steps, and steps in which no row took it, every row's kind idle, run on vLLM's padded
+    # drafter path, the draft model alone (rollout/hybrid.py ByKind, TakenShare; 0: never,
+    # 1: whenever nothing was taken).
     hybrid_idle_share: float = Field(0.1, ge=0, le=1)
 
     @model_validator(mode="after")

@@ -544,31 +544,31 @@ def test_a_request_history_has_nothing_for_is_looked_up_only_now_and_then(monkey
 
 
 def test_a_new_request_on_a_replica_whose_rows_seldom_take_history_starts_quiet(monkeypatch):
-    """Where under its idle share of a replica's last rows took history's draft (IDLE_ROWS of
-    them at least), a new request is looked up on its first step, then only every
-    PROBE_EVERY steps; one whose lookup is taken is looked up every step again, and the
-    replica's new requests are again from their first step once its share recovers."""
+    """Where under its idle share of the last rows of a request's kind took history's draft
+    (IDLE_ROWS of them at least), a new request of that kind is looked up on its first
+    step, then only every PROBE_EVERY steps; one whose lookup is taken is looked up every
+    step again. A recurring request (its prompt has finished responses) is judged by its
+    own kind's share: looked up every step while the fresh requests' kind is idle."""
     looked = _record_lookups(monkeypatch)
     monkeypatch.setattr(hybrid, "IDLE_ROWS", 5.0)
-    runner, _ = _hybrid(min_draft=1)  # 3 rows so far, none took history's draft
-    for t in range(24, 27):  # 6 rows (5.8 decayed): the replica is idle from here on
+    runner, history = _hybrid(min_draft=1)  # 3 rows so far, none took history's draft
+    for t in range(24, 27):  # 6 fresh rows (5.8 decayed): that kind is idle from here on
         runner.step({"z": [20, 21, 22, 23, *range(24, t + 1)]}, [[t]])
     looked.clear()
     w = [40, 41, 42, 43]  # another prompt history never saw
     for t in range(24, 29):
         runner.step({"w": [*w, *range(24, t + 1)]}, [[t]])
-    assert looked == [24, 26, 28]
-    # "v" (a sample of PROMPT again) is looked up on its first step and takes the draft:
-    # every step from then on
+    assert looked == [24, 26, 28] and history.kind("w") == "fresh"
+    # "v", a sample of PROMPT again ("a"'s response finished), is recurring: looked up from
+    # its first step, it takes the draft
+    looked.clear()
     runner.step({"v": [*PROMPT, 5]}, [[5]])
     drafts = runner.step({"v": [*PROMPT, 5, 6]}, [[6]])
-    assert drafts == [[7, 8, MODEL_TOKEN]] and looked[-2:] == [5, 6]
-    for _ in range(9):  # 10 rows, all taking history's draft: the share recovers
-        runner.step({"v": [*PROMPT, 5, 6, 7]}, [[7]])
-    looked.clear()
-    runner.step({"u": [50, 51, 52, 53, 24]}, [[24]])
-    runner.step({"u": [50, 51, 52, 53, 24, 25]}, [[25]])
-    assert looked == [24, 25]
+    assert history.kind("v") == "recurring"
+    assert drafts == [[7, 8, MODEL_TOKEN]] and looked == [5, 6]
+    for t in range(24, 26):  # a fresh one still starts quiet
+        runner.step({"u": [50, 51, 52, 53, *range(24, t + 1)]}, [[t]])
+    assert looked[2:] == [24]
 
 
 def test_an_idle_replica_runs_steps_on_the_padded_path_and_extends_history_from_them(monkeypatch):
@@ -606,6 +606,28 @@ def test_an_idle_replica_runs_steps_on_the_padded_path_and_extends_history_from_
     assert drafts == [[27, 40, 41], [38, MODEL_TOKEN, MODEL_TOKEN]]
 
 
+def test_a_response_run_wholly_on_the_padded_path_is_history_for_its_prompt(monkeypatch):
+    """On an idle replica a request may run on the padded path from its first step: it is
+    started there with the tokens of its earlier steps, so that a later request of its
+    prompt is recurring and drafts from its response."""
+    _model_drafts_every_step(monkeypatch)
+    monkeypatch.setattr(hybrid, "IDLE_ROWS", 3.0)
+    runner = _Runner()
+    runner.speculative_config = SimpleNamespace(disable_padded_drafter_batch=True)
+    runner.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
+    history = install_hybrid(runner, {"min_match": 1}, 1, 1)
+    z, m = [20, 21, 22, 23], [30, 31, 32, 33, 34]
+    runner.step({"z": [*z, 24], "m": m}, [[24], [34]])
+    runner.step({"z": [*z, 24, 25], "m": [*m, 35]}, [[25], [35]])
+    assert not runner.speculative_config.disable_padded_drafter_batch  # idle: padded steps
+    # "p" (prompt 70-73) seen first on a padded step, 80 and 81 emitted on earlier ones
+    runner.batch({"z": [*z, 24, 25], "m": [*m, 35], "p": [70, 71, 72, 73, 80, 81]})
+    sampled = torch.tensor([[26, -1, -1, -1], [36, -1, -1, -1], [82, 83, -1, -1]])
+    runner.propose_draft_token_ids(SimpleNamespace(num_spec_tokens_to_schedule=3), sampled)
+    drafts = runner.step({"q": [70, 71, 72, 73, 80]}, [[80]])  # "p" ended
+    assert history.kind("q") == "recurring" and drafts == [[81, 82, 83]]
+
+
 def test_an_idle_replica_takes_history_again_once_its_drafts_agree_on_the_padded_steps(monkeypatch):
     """A replica that went idle (a first epoch's: the draft model preferred, no row taking
     history's draft) scores the drafts offered in its unpadded step against what the padded
@@ -617,19 +639,20 @@ def test_an_idle_replica_takes_history_again_once_its_drafts_agree_on_the_padded
     runner = _Runner()
     runner.speculative_config = SimpleNamespace(disable_padded_drafter_batch=True)
     runner.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
-    install_hybrid(runner, {"min_match": 1}, 1, 1)
-    a = [*PROMPT, *range(50, 62)]  # an earlier response to PROMPT
+    history = install_hybrid(runner, {"min_match": 1}, 1, 1)
+    a = [*PROMPT, *range(50, 62)]  # a sibling's response to PROMPT, in flight
     m = [30, 31, 32, 33, 34]
     runner.step({"a": a, "m": m}, [[61], [34]])
     # the draft model's drafts agree on "m": preferred over history, never measured yet;
     # "v", a new sample of PROMPT, is offered history's draft and takes the model's
-    drafts = runner.step({"m": [*m, 9, 9, 9, 9], "v": [*PROMPT, 50]}, [[9, 9, 9, 9], [50]])
-    assert drafts[1] == [MODEL_TOKEN] * 3
+    drafts = runner.step({"a": a, "m": [*m, 9, 9, 9, 9], "v": [*PROMPT, 50]}, [[], [9, 9, 9, 9], [50]])
+    assert drafts[2] == [MODEL_TOKEN] * 3 and history.kind("v") == "fresh"
     assert not runner.speculative_config.disable_padded_drafter_batch  # idle: padded steps
     scheduled = SimpleNamespace(num_spec_tokens_to_schedule=runner.engine_k)
     for v_emitted in ([51, 52, 53, 54], [55, -1, -1, -1], [56, -1, -1, -1]):  # history's tokens
-        runner.batch({"m": [*m, 9, 9, 9, 9], "v": [*PROMPT, 50]})  # before bookkeeping
-        runner.propose_draft_token_ids(scheduled, torch.tensor([[9, -1, -1, -1], v_emitted]))
+        runner.batch({"a": a, "m": [*m, 9, 9, 9, 9], "v": [*PROMPT, 50]})  # before bookkeeping
+        sampled = torch.tensor([[-1] * 4, [9, -1, -1, -1], v_emitted])
+        runner.propose_draft_token_ids(scheduled, sampled)
     assert runner.speculative_config.disable_padded_drafter_batch
     drafts = runner.step({"v": [*PROMPT, *range(50, 58)]}, [[57]])
     assert drafts == [[58, 59, 60]]

@@ -108,6 +108,9 @@ def test_a_live_sibling_drafts_for_another_while_both_generate():
     h.extend(P, a, [52])
     h.extend(P, b, [50, 51])
     assert h.propose(P, b, [*PROMPT, 50, 51], 3) == [52]
+    assert h.finished(P) == 0  # both in flight: the hybrid's "fresh" kind
+    h.finish(P, a)
+    assert h.finished(P) == 1 and h.finished(b"another") == 0
 
 
 def test_a_token_budget_evicts_the_least_recently_used_prompts():

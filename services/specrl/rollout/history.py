@@ -135,6 +135,12 @@ class HistoryIndex:
         for p in self._prompts.values():
             self._drop(p, [i for i, s in p.sequences.items() if i and version - s.version > self.max_age])
 
+    def finished(self, key: bytes) -> int:
+        """Finished responses kept for prompt `key` (an earlier step's or epoch's, or
+        carried with it), not counting those in flight."""
+        p = self._prompts.get(key)
+        return 0 if p is None else sum(1 for i, s in p.sequences.items() if i and not s.live)
+
     # -- drafting ---------------------------------------------------------------------
 
     def propose(self, key: bytes, seq: int, context: Sequence[int], k: int, min_depth: int = 0) -> list[int]:

@@ -22,12 +22,20 @@ its first steps, a strong one kept.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 SOURCES = ("history", "model")
+# a request's kind: "recurring" where its prompt had finished responses when it began (an
+# earlier epoch's, or carried with it), else "fresh" (the prompt and its siblings only).
+# Each kind keeps its own replica-level scores and taken share (ByKind): history drafts
+# the two very differently (RL-Zero on the CPU testbed: ~2.4 tokens a step from siblings
+# alone, ~6 from an earlier epoch's responses), so a server kept across a run's epochs
+# judged its second epoch's requests by its first epoch's: they started quiet, on the
+# padded path, and took history's drafts steps late (docs/draft.md)
+KINDS = ("fresh", "recurring")
 DECAY = 0.5  # a request's score: its last few steps (a span repeated, or not)
 PRIOR_DECAY = 0.95  # the replica's scores, where a request starts
 RUN_DECAY = 0.8  # a request's acceptance rate: about its last 5 drafts
@@ -115,9 +123,10 @@ class SourceScores:
     against the step right after it (`at`: the request's tokens when it was offered; a
     step the drafter skipped would misalign them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, measured: dict[str, int] | None = None) -> None:
         self.prior = dict.fromkeys(SOURCES, 0.0)
-        self.measured = dict.fromkeys(SOURCES, 0)  # drafts scored, over the replica
+        # drafts scored, over the replica (`measured`: shared with other kinds' scores)
+        self.measured = dict.fromkeys(SOURCES, 0) if measured is None else measured
         self.prior_runs = {source: [0.0, 0.0] for source in SOURCES}  # (agreed, refused)
         self._scores: dict[str, dict[str, float]] = {}
         self._runs: dict[str, dict[str, list[float]]] = {}
@@ -231,6 +240,40 @@ class SourceScores:
         for table in (self._scores, self._runs, self._offered, self._first):
             for req in table.keys() - reqs:
                 del table[req]
+
+
+class ByKind:
+    """SourceScores and TakenShare per kind of request (KINDS), `kind_of` telling a
+    request's; whether the draft model was ever measured is the replica's."""
+
+    def __init__(self, kind_of: Callable[[str], str], idle_share: float = 0.1) -> None:
+        self.kind_of = kind_of
+        measured = dict.fromkeys(SOURCES, 0)
+        self.scores = {kind: SourceScores(measured) for kind in KINDS}
+        self.shares = {kind: TakenShare(idle_share) for kind in KINDS}
+        self.measured = measured
+
+    def of(self, req: str) -> SourceScores:
+        """The scores `req` is judged by: its kind's."""
+        return self.scores[self.kind_of(req)]
+
+    def share(self, req: str) -> TakenShare:
+        return self.shares[self.kind_of(req)]
+
+    def retain(self, reqs: Collection[str]) -> None:
+        for scores in self.scores.values():
+            scores.retain(reqs)
+
+    def observe(self, took: Collection[str], live: Collection[str]) -> None:
+        """A step's rows (`live`) and those that took history's draft, per kind."""
+        for kind, share in self.shares.items():
+            rows = [req for req in live if self.kind_of(req) == kind]
+            if rows:
+                share.observe(sum(req in took for req in rows), len(rows))
+
+    def idle(self, live: Collection[str]) -> bool:
+        """Whether the kind of every request in `live` is idle (TakenShare)."""
+        return all(self.share(req).idle for req in live)
 
 
 class StepCosts:

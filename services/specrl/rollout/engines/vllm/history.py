@@ -53,10 +53,13 @@ better, the request is back in the passes, its draft model's KV cache stale over
 steps it was out (drafts worse there, never wrong). A request whose history drafts have
 not been taken for `hybrid.QUIET_AFTER` steps in a row is looked up in history (and both
 its drafts scored) only every `hybrid.PROBE_EVERY` steps; its tokens still go into its
-prompt's tree every step, for its siblings. Where few of the replica's rows take
-history's drafts (`history.hybrid_idle_share`: a first epoch, new prompts) a new request
-starts so, looked up on its first step. Such a replica, in a step where no row took
-history's draft, also runs the next `hybrid.IDLE_PADDED_STEPS` steps on vLLM's padded
+prompt's tree every step, for its siblings. Requests are of two kinds, each with its own
+replica-level scores and taken share (`hybrid.ByKind`): recurring, whose prompt had
+finished responses when they began (an earlier epoch's, or carried), and fresh (the
+prompt and its siblings only). Where few of a kind's rows take history's drafts
+(`history.hybrid_idle_share`: a first epoch, new prompts) a new request of that kind
+starts so, looked up on its first step. In a step where no row took history's draft and
+every row's kind is idle, the replica also runs the next `hybrid.IDLE_PADDED_STEPS` steps on vLLM's padded
 drafter path (vLLM reads `disable_padded_drafter_batch` every step): the draft model
 drafts alone, before bookkeeping, as EAGLE-3 alone does, history's trees are
 extended from those steps' sampled tokens (`HistoryProposer.extend_sampled`), and the
@@ -93,9 +96,8 @@ from specrl.rollout.history import HistoryIndex
 from specrl.rollout.hybrid import (
     IDLE_PADDED_STEPS,
     REMEASURE_EVERY,
-    SourceScores,
+    ByKind,
     StepCosts,
-    TakenShare,
     VerifyCost,
     draft_lengths,
     looks_up,
@@ -111,6 +113,7 @@ class HistoryProposer:
         self.index = HistoryIndex()
         self.runner: Any = None  # the model runner, once attached
         self._requests: dict[str, tuple[bytes, int, int]] = {}  # req id -> key, sequence, tokens seen
+        self._recurring: set[str] = set()  # requests whose prompt had finished responses (kind)
         # hybrid: rows drafted by each source, steps the draft model ran its first pass only,
         # steps history drafted past the draft model's k (history.hybrid_max_draft), rows
         # left out of the draft model's passes, steps on vLLM's padded path (idle replica)
@@ -165,24 +168,45 @@ class HistoryProposer:
         self._finish_ended()
         return drafts
 
+    def begin(self, rows: Collection[int], token_ids_cpu) -> None:
+        """Start the requests of batch `rows` not seen yet, so that their kind is known
+        before they draft (the requests that ended first: their responses are finished)."""
+        self._finish_ended()
+        batch = self.runner.input_batch
+        for i in rows:
+            if batch.req_ids[i] not in self._requests:
+                self._requests[batch.req_ids[i]] = self._start(batch.req_ids[i], i, token_ids_cpu)
+
+    def kind(self, req_id: str) -> str:
+        """ "recurring" where the request's prompt had finished responses when it began,
+        else "fresh" (hybrid.KINDS)."""
+        return "recurring" if req_id in self._recurring else "fresh"
+
     def extend_sampled(self, sampled: Any) -> list[tuple[str, list[int], int]]:
-        """A step on vLLM's padded drafter path, before its bookkeeping: each known
-        request's row of `sampled` (the step's sampled tokens, -1 past those accepted)
-        extends its tree, its last step's included (a request that ends is gone from the
-        batch by its next step). A row vLLM discards (a partial prefill) adds nothing.
-        Returns what each extended request emitted: (its id, the tokens, its tokens now)."""
+        """A step on vLLM's padded drafter path, before its bookkeeping: each request's row
+        of `sampled` (the step's sampled tokens, -1 past those accepted) extends its tree,
+        its last step's included (a request that ends is gone from the batch by its next
+        step). A request first seen here is started, with the tokens of its earlier steps:
+        on an idle replica a response may run on the padded path from its first step to its
+        last, and unrecorded it is no history for its prompt's next epoch. A row vLLM
+        discards (a partial prefill) adds nothing. Returns what each request emitted: (its
+        id, the tokens, its tokens now)."""
         batch = self.runner.input_batch
         discard = self.runner.discard_request_mask.np
         emitted = []
         for i, row in enumerate(sampled.tolist()):
-            known = self._requests.get(batch.req_ids[i]) if i < len(batch.req_ids) else None
+            req_id = batch.req_ids[i] if i < len(batch.req_ids) else None
             tokens = [t for t in row if t >= 0]
-            if known is None or discard[i] or not tokens:
+            if req_id is None or discard[i] or not tokens:
                 continue
-            key, seq, seen = known
+            key, seq, seen = self._requests.get(req_id) or self._start(req_id, i, batch.token_ids_cpu)
+            n = int(batch.num_tokens_no_spec[i])  # before this step's tokens
+            if n > seen:  # a request first seen here: its earlier steps' tokens
+                self.index.extend(key, seq, batch.token_ids_cpu[i, seen:n])
+                seen = n
             self.index.extend(key, seq, tokens)
-            self._requests[batch.req_ids[i]] = (key, seq, seen + len(tokens))
-            emitted.append((batch.req_ids[i], tokens, seen + len(tokens)))
+            self._requests[req_id] = (key, seq, seen + len(tokens))
+            emitted.append((req_id, tokens, seen + len(tokens)))
         return emitted
 
     def _finish_ended(self) -> None:
@@ -190,6 +214,7 @@ class HistoryProposer:
         for req_id in self._requests.keys() - self.runner.requests.keys():
             key, seq, _ = self._requests.pop(req_id)
             self.index.finish(key, seq)
+            self._recurring.discard(req_id)
 
     def seed(self, prompt: list[int], responses: list[list[int]]) -> None:
         """Earlier responses to `prompt`, from elsewhere (Prompt.history), as finished
@@ -205,6 +230,8 @@ class HistoryProposer:
         prompt_len = int(self.runner.input_batch.num_prompt_tokens[index])
         prompt = token_ids_cpu[row, :prompt_len]
         key = prompt_key(prompt)
+        if self.index.finished(key):
+            self._recurring.add(req_id)
         return key, self.index.start(key, prompt), prompt_len
 
 
@@ -266,14 +293,14 @@ def install_hybrid(
     history = HistoryProposer(runner.vllm_config)
     model_k = history.k if model_k is None else model_k
     history.attach(runner, settings)
-    scores, costs = SourceScores(), StepCosts()
+    # scores and taken shares per kind of request (hybrid.ByKind)
+    scores, costs = ByKind(history.kind, idle_share), StepCosts()
     verify = VerifyCost()
     drafter = getattr(runner, "drafter", None)
     drafter_rows = DrafterRows(runner) if leave_out_after and DrafterRows.supported(drafter) else None
     first_forward = FirstForward(drafter)
     alone: dict[str, int] = {}  # per request: steps in a row it took history's draft
     quiet: dict[str, int] = {}  # per request: steps in a row it did not (looks_up)
-    share = TakenShare(idle_share)  # the replica's rows that took it: is it idle
     propose_model = runner.propose_draft_token_ids
     # vLLM's spec config, whose disable_padded_drafter_batch it reads every step (None: a
     # runner without one stays on the unpadded path)
@@ -291,7 +318,7 @@ def install_hybrid(
         idle (a first epoch's), whatever a later epoch's history offers."""
         nonlocal padded_left, returned_at
         for req, emitted, at in history.extend_sampled(sampled_token_ids):
-            scores.score(req, emitted, at)
+            scores.of(req).score(req, emitted, at)
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)
         drafts = propose_model(_scheduled_for(scheduler_output, k), sampled_token_ids, *args, **kwargs)
         history.rows["padded"] += 1
@@ -319,9 +346,11 @@ def install_hybrid(
         live = [i for i, sampled in enumerate(sampled_token_ids) if len(sampled)]
         # a request whose history drafts have not been taken for a while is looked up, and
         # its drafts offered for scoring, only now and then (hybrid.QUIET_AFTER); a new
-        # one too where the replica's rows seldom take history's draft (TakenShare.idle)
-        start = share.quiet_start()
-        skip = {i for i in live if not looks_up(quiet.get(batch.req_ids[i], start))}
+        # one too where its kind's rows seldom take history's draft (TakenShare.idle)
+        history.begin(live, batch.token_ids_cpu)
+        for i in live:
+            quiet.setdefault(batch.req_ids[i], scores.share(batch.req_ids[i]).quiet_start())
+        skip = {i for i in live if not looks_up(quiet[batch.req_ids[i]])}
         found = history.propose(
             sampled_token_ids,
             batch.num_tokens_no_spec,
@@ -336,9 +365,11 @@ def install_hybrid(
                 del streaks[req]
         at = {i: int(batch.num_tokens_no_spec[i]) for i in live}
         for i in live:
-            scores.score(batch.req_ids[i], sampled_token_ids[i], at[i])
+            scores.of(batch.req_ids[i]).score(batch.req_ids[i], sampled_token_ids[i], at[i])
         candidates = {i for i in live if len(found[i]) >= min_draft}
-        chosen = [i for i in sorted(candidates) if scores.prefers_history(batch.req_ids[i])]
+        chosen = [
+            i for i in sorted(candidates) if scores.of(batch.req_ids[i]).prefers_history(batch.req_ids[i])
+        ]
         takes_history = set(chosen)
         # a request that took history's draft `leave_out_after` steps in a row is left out
         # of the draft model's passes while history keeps it (drafter_rows.py)
@@ -361,10 +392,12 @@ def install_hybrid(
         # steps with the model's positions were expected to emit 202 tokens and emitted
         # 289, one of history alone 256 and 488
         accept = {
-            i: scores.position_acceptance(batch.req_ids[i], "history", len(found[i])) for i in candidates
+            i: scores.of(req).position_acceptance(req, "history", len(found[i]))
+            for i in candidates
+            for req in [batch.req_ids[i]]
         }
         own = {i: sum(accept[i]) for i in candidates}
-        model = {i: scores.expected(batch.req_ids[i])["model"] for i in live}
+        model = {i: scores.of(batch.req_ids[i]).expected(batch.req_ids[i])["model"] for i in live}
         tokens_first_pass = sum(1 + own[i] for i in candidates) + len(live) - len(candidates)
         tokens_full = sum(1 + (own[i] if i in takes_history else m) for i, m in model.items())
         # each path's seconds outside the draft model at the tokens it verifies (history's
@@ -420,7 +453,7 @@ def install_hybrid(
             history.rows["history"] += len(candidates)
             history.rows["first_pass_only"] += 1
             for i in candidates:
-                scores.offer(batch.req_ids[i], "history", found[i], at[i])
+                scores.of(batch.req_ids[i]).offer(batch.req_ids[i], "history", found[i], at[i])
             # ragged, as n-gram's: vLLM verifies each row's draft as long as it is; a row
             # without a candidate drafts nothing (as the expected tokens above count it)
             drafts = [found[i] if i in candidates else [] for i in range(len(found))]
@@ -443,10 +476,10 @@ def install_hybrid(
             history.rows["history"] += len(chosen)
             history.rows["model"] += len(live) - len(chosen)
             for i in set(live) - left_out - skip:  # a row left out has no draft of the model's
-                scores.offer(batch.req_ids[i], "model", drafts[i], at[i])
+                scores.of(batch.req_ids[i]).offer(batch.req_ids[i], "model", drafts[i], at[i])
             for i in candidates:  # history's draft, the model's after it: what would be verified
                 row = found[i] + (drafts[i][len(found[i]) :] if i not in left_out else [])
-                scores.offer(batch.req_ids[i], "history", row, at[i], own=len(found[i]))
+                scores.of(batch.req_ids[i]).offer(batch.req_ids[i], "history", row, at[i], own=len(found[i]))
                 if i in takes_history:
                     drafts[i] = row
         history.rows["long_drafts"] += any(len(row) > k for row in drafts)  # past the model's k
@@ -455,9 +488,9 @@ def install_hybrid(
         for i in live:
             req = batch.req_ids[i]
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
-            quiet[req] = 0 if i in took else quiet.get(req, start) + 1
-        share.observe(len(took), len(live))
-        if spec_config is not None and share.idle and not took:
+            quiet[req] = 0 if i in took else quiet[req] + 1
+        scores.observe({batch.req_ids[i] for i in took}, [batch.req_ids[i] for i in live])
+        if spec_config is not None and not took and scores.idle([batch.req_ids[i] for i in live]):
             padded_left = IDLE_PADDED_STEPS  # the next steps on vLLM's padded path (module docstring)
             spec_config.disable_padded_drafter_batch = False
         last = set(batch.req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
