@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from specrl.config import ConfigError, DataConfig, RunConfig, load_config
 from specrl.data.sources import DataError, PromptSource
+from specrl.speculation import HISTORY_DRAFT
 
 
 class CharTokenizer:
@@ -201,8 +202,9 @@ def test_the_redis_password_comes_from_the_named_environment_variable(monkeypatc
 
 def test_comparison_runs_change_one_thing_of_the_main_run(tmp_path):
     """`ar` drops speculation (and the draft-trainer with it), `async` sets lag 1,
-    `hybrid` adds history to the draft model; all keep everything else and live under
-    the main run's directory."""
+    `hybrid` adds history to the draft model (drafting past its k, as `bench history`
+    measures it, unless the main run set how far or runs the adaptive controller); all keep
+    everything else and live under the main run's directory."""
     from specrl.orchestrator.compare import comparison, describe
 
     text = f"""
@@ -220,6 +222,14 @@ draft_trainer: {{enabled: true}}
     assert labels == ("eagle3 k=4, lag 0", "AR, lag 0", "eagle3 k=4, lag 1", "eagle3+history k=4, lag 0")
     assert hybrid.rollout.server.speculation.history.hybrid and hybrid.draft_trainer.enabled
     assert not main.rollout.server.speculation.history.hybrid
+    assert hybrid.rollout.server.speculation.history.hybrid_max_draft == HISTORY_DRAFT
+    adaptive = text.replace("draft: d}", "draft: d, adaptive: {enabled: true}}")
+    assert (
+        comparison(
+            load_config(_write(tmp_path, adaptive), RunConfig), "hybrid"
+        ).rollout.server.speculation.history.hybrid_max_draft
+        is None
+    )
     assert ar.run_dir == tmp_path / "m" / "compare" / "ar" and ar.name == "m-ar"
     assert ar.rollout.server.speculation.method == "none" and not ar.draft_trainer.enabled
     assert lag1.orchestrator.max_lag == 1 and lag1.draft_trainer.enabled

@@ -29,11 +29,9 @@ from rich.console import Console
 from specrl.bench.draft import rl_run_config
 from specrl.bench.epochs import Cell, run_over_versions
 from specrl.bench.tasks import Task
+from specrl.speculation import HISTORY_DRAFT
 
 INIT = "eagle3-domain"
-# history's longest draft (history alone's k, the hybrid's history.hybrid_max_draft): the
-# draft model's sequential positions do not limit history's
-HISTORY_DRAFT = 8
 
 TABLE_COLUMNS = (
     "task",

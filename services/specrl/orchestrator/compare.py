@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from specrl.config import CompareRun, RunConfig
+from specrl.speculation import HISTORY_DRAFT
 
 
 def comparison(cfg: RunConfig, run: CompareRun) -> RunConfig:
@@ -26,7 +27,12 @@ def comparison(cfg: RunConfig, run: CompareRun) -> RunConfig:
         c["draft_trainer"]["enabled"] = False  # nothing to adapt, nothing to capture for
         c["trainer"]["server"]["trainer"]["capture"]["enabled"] = False
     elif run == "hybrid":
-        c["rollout"]["server"]["speculation"]["history"]["hybrid"] = True
+        spec = c["rollout"]["server"]["speculation"]
+        spec["history"]["hybrid"] = True
+        # history's drafts past the draft model's k, as `bench history` measures the
+        # hybrid (the adaptive controller's k covers both sources: not with it)
+        if spec["history"]["hybrid_max_draft"] is None and not spec["adaptive"]["enabled"]:
+            spec["history"]["hybrid_max_draft"] = max(HISTORY_DRAFT, spec["num_speculative_tokens"])
     else:
         c["orchestrator"]["max_lag"] = 1
     return RunConfig.model_validate(c)
