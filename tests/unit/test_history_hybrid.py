@@ -571,19 +571,26 @@ def test_a_new_request_on_a_replica_whose_rows_seldom_take_history_starts_quiet(
     assert looked[2:] == [24]
 
 
-def test_an_idle_replica_runs_steps_on_the_padded_path_and_extends_history_from_them(monkeypatch):
-    """On a replica where history is idle, a step in which no row took history's draft
-    turns vLLM's padded drafter path on for the next IDLE_PADDED_STEPS steps (3 here):
-    those hand the draft model's drafts through (called with the step's sampled tensor,
-    -1 past the accepted tokens) and extend history's trees from it; then the unpadded
-    path is back."""
+def _idle_hybrid(monkeypatch) -> tuple[_Runner, object]:
+    """The hybrid on a runner with vLLM's padded drafter path (the stand-in's switch and
+    discard mask), idle after 3 rows none of which took history's draft, its padded runs
+    3 steps long; the draft model drafts every unpadded step."""
     _model_drafts_every_step(monkeypatch)
     monkeypatch.setattr(hybrid, "IDLE_ROWS", 3.0)
     monkeypatch.setattr(vllm_history, "IDLE_PADDED_STEPS", 3)
     runner = _Runner()
     runner.speculative_config = SimpleNamespace(disable_padded_drafter_batch=True)
     runner.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
-    history = install_hybrid(runner, {"min_match": 1}, 1, 1)
+    return runner, install_hybrid(runner, {"min_match": 1}, 1, 1)
+
+
+def test_an_idle_replica_runs_steps_on_the_padded_path_and_extends_history_from_them(monkeypatch):
+    """On a replica where history is idle, a step in which no row took history's draft
+    turns vLLM's padded drafter path on for the next IDLE_PADDED_STEPS steps (3 here):
+    those hand the draft model's drafts through (called with the step's sampled tensor,
+    -1 past the accepted tokens) and extend history's trees from it; then the unpadded
+    path is back."""
+    runner, history = _idle_hybrid(monkeypatch)
     z = [20, 21, 22, 23]
     runner.step({"z": [*z, 24], "m": [30, 31, 32, 33, 34]}, [[24], [34]])
     assert runner.speculative_config.disable_padded_drafter_batch  # 2 rows seen, not yet
@@ -610,12 +617,7 @@ def test_a_response_run_wholly_on_the_padded_path_is_history_for_its_prompt(monk
     """On an idle replica a request may run on the padded path from its first step: it is
     started there with the tokens of its earlier steps, so that a later request of its
     prompt is recurring and drafts from its response."""
-    _model_drafts_every_step(monkeypatch)
-    monkeypatch.setattr(hybrid, "IDLE_ROWS", 3.0)
-    runner = _Runner()
-    runner.speculative_config = SimpleNamespace(disable_padded_drafter_batch=True)
-    runner.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
-    history = install_hybrid(runner, {"min_match": 1}, 1, 1)
+    runner, history = _idle_hybrid(monkeypatch)
     z, m = [20, 21, 22, 23], [30, 31, 32, 33, 34]
     runner.step({"z": [*z, 24], "m": m}, [[24], [34]])
     runner.step({"z": [*z, 24, 25], "m": [*m, 35]}, [[25], [35]])
@@ -633,13 +635,7 @@ def test_an_idle_replica_takes_history_again_once_its_drafts_agree_on_the_padded
     history's draft) scores the drafts offered in its unpadded step against what the padded
     step after it emitted: where history's agreed, the request takes history's draft at the
     next unpadded step (a later epoch's history is used), not the draft model's for good."""
-    _model_drafts_every_step(monkeypatch)
-    monkeypatch.setattr(hybrid, "IDLE_ROWS", 3.0)
-    monkeypatch.setattr(vllm_history, "IDLE_PADDED_STEPS", 3)
-    runner = _Runner()
-    runner.speculative_config = SimpleNamespace(disable_padded_drafter_batch=True)
-    runner.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
-    history = install_hybrid(runner, {"min_match": 1}, 1, 1)
+    runner, history = _idle_hybrid(monkeypatch)
     a = [*PROMPT, *range(50, 62)]  # a sibling's response to PROMPT, in flight
     m = [30, 31, 32, 33, 34]
     runner.step({"a": a, "m": m}, [[61], [34]])
