@@ -64,8 +64,8 @@ drafter path (vLLM reads `disable_padded_drafter_batch` every step): the draft m
 drafts alone, before bookkeeping, as EAGLE-3 alone does, history's trees are
 extended from those steps' sampled tokens (`HistoryProposer.extend_sampled`), and the
 drafts offered in the unpadded step before them are scored against the first one's (left
-unscored, a replica once idle never took history's drafts again: a server kept across a
-run's epochs used none after its first, RL-Zero on the CPU testbed). RL-Zero
+unscored, a replica idle at every step never took history's drafts again: a server kept
+across a run's epochs at c=64, RL-Zero on the CPU testbed, used none after its first). RL-Zero
 epoch 0, c=16 on the testbed: the unpadded path made the draft model's call ~12% longer,
 and ~1% fewer tokens a step were emitted (docs/draft.md).
 
@@ -314,8 +314,8 @@ def install_hybrid(
         """A step of an idle replica on vLLM's padded path: the draft model's drafts
         alone; the path goes back to unpadded once the last such step has drafted. The
         drafts offered in the unpadded step before it are scored against what this step
-        emitted: unscored, history's would never be taken again on a replica that went
-        idle (a first epoch's), whatever a later epoch's history offers."""
+        emitted: unscored, history's would never be taken again on a replica idle at
+        every step (a first epoch's), whatever a later epoch's history offers."""
         nonlocal padded_left, returned_at
         for req, emitted, at in history.extend_sampled(sampled_token_ids):
             scores.of(req).score(req, emitted, at)
