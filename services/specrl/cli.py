@@ -23,6 +23,7 @@ from specrl.config import (
     load_config,
     validate,
 )
+from specrl.speculation import HISTORY_DRAFT
 
 app = typer.Typer(
     add_completion=False,
@@ -532,7 +533,7 @@ def bench_history(
         "domain", help="EAGLE-3 head of the eagle3 and hybrid cells: domain, or generic (weak)."
     ),
     history_draft: int = typer.Option(
-        8,
+        HISTORY_DRAFT,
         min=1,
         help="History's longest draft, alone and in the hybrid (at least --k).",
     ),

@@ -266,10 +266,14 @@ class ByKind:
 
     def observe(self, took: Collection[str], live: Collection[str]) -> None:
         """A step's rows (`live`) and those that took history's draft, per kind."""
-        for kind, share in self.shares.items():
-            rows = [req for req in live if self.kind_of(req) == kind]
+        counts = {kind: [0, 0] for kind in KINDS}  # taken, rows
+        for req in live:
+            count = counts[self.kind_of(req)]
+            count[0] += req in took
+            count[1] += 1
+        for kind, (taken, rows) in counts.items():
             if rows:
-                share.observe(sum(req in took for req in rows), len(rows))
+                self.shares[kind].observe(taken, rows)
 
     def idle(self, live: Collection[str]) -> bool:
         """Whether the kind of every request in `live` is idle (TakenShare)."""
