@@ -538,12 +538,21 @@ def bench_history(
         help="History's longest draft, alone and in the hybrid (at least --k).",
     ),
     blocks: int = BLOCKS_OPTION,
+    servers: str = typer.Option(
+        "fresh",
+        help="fresh: servers started on each epoch's policy, history carried from the last; "
+        "kept: started once, each epoch's weights pushed into them (as a run keeps them).",
+    ),
 ) -> None:
     """AR, EAGLE-3 alone, the history drafter and the hybrid over the epochs of a real RL
-    run (the policy trained between epochs), each epoch's history carried from the last."""
+    run (the policy trained between epochs), on servers fresh each epoch or kept across."""
     if head not in ("domain", "generic"):
         raise typer.BadParameter(f"--head is domain or generic, not {head!r}")
+    from specrl.bench.epochs import SERVERS
     from specrl.bench.history import run_history_bench
+
+    if servers not in SERVERS:
+        raise typer.BadParameter(f"--servers is {' or '.join(SERVERS)}, not {servers!r}")
 
     run_history_bench(
         out,
@@ -557,6 +566,7 @@ def bench_history(
         history_draft=history_draft,
         console=console,
         blocks=_blocks(blocks, rounds),
+        servers=servers,  # type: ignore[arg-type]  # checked against SERVERS above
     )
 
 

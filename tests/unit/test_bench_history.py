@@ -152,32 +152,62 @@ def test_rounds_split_into_blocks_of_consecutive_rounds():
             block_rounds(3, bad)
 
 
+class StandIns:
+    """Stand-ins for the rollout servers, the closed-loop client and the weight sender (the
+    benchmark's real ones take minutes per start; pushes into real servers, a hybrid's
+    among them, are tests/integration/test_weightsync.py's): what was started, measured
+    and pushed, in order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.started: list[StandIns.Server] = []
+        self.calls: list[tuple[str, tuple[str, ...], object]] = []  # address, prompts, carried
+        self.events: list[tuple] = []  # ("round", address, prompts) and ("push", version, policy, members)
+        stand_ins = self
+
+        class Server:
+            def __init__(self, cfg) -> None:
+                self.address = f"server-{len(stand_ins.started)}"
+                stand_ins.started.append(self)
+                self.stopped = False
+
+            def stop(self) -> None:
+                self.stopped = True
+
+        class Sender:
+            def __init__(self, cfg) -> None:
+                self.members: list[str] = []
+
+            def add_replica(self, address: str) -> bool:
+                self.members.append(address)
+                return False
+
+            def close(self) -> None:
+                self.members = []
+
+        def closed_loop(address, prompts, threads, max_tokens, n, history=None):
+            stand_ins.calls.append((address, tuple(prompts), history))
+            stand_ins.events.append(("round", address, tuple(prompts)))
+            return _result(100.0 + len(stand_ins.calls)) | {"responses": {p: [[1]] for p in prompts}}
+
+        def push_policy(sender, version, policy):
+            stand_ins.events.append(("push", version, policy, tuple(sender.members)))
+            return 0.1
+
+        self.Server = Server
+        monkeypatch.setattr(epochs, "ServiceProcess", Server)
+        monkeypatch.setattr(epochs, "start_all", lambda procs: None)
+        monkeypatch.setattr(epochs, "closed_loop", closed_loop)
+        monkeypatch.setattr(epochs, "bench_server", lambda *args: object())
+        monkeypatch.setattr(epochs, "WeightSender", Sender)
+        monkeypatch.setattr(epochs, "push_policy", push_policy)
+        monkeypatch.setattr(epochs, "_hybrid_counts", lambda address: dict.fromkeys(HYBRID_COUNTS, 0))
+
+
 def test_each_block_measures_on_servers_started_afresh_after_a_warm_up_round(monkeypatch):
-    """Stand-ins for the rollout servers and the closed-loop client (the benchmark's real
-    ones take minutes per start): every round of a block runs on that block's servers,
-    each block starts its own after a warm-up round, and the rows' intervals are the
-    blocks'."""
-    started: list[object] = []
-
-    class StandInServer:
-        def __init__(self, cfg) -> None:
-            self.address = f"server-{len(started)}"
-            started.append(self)
-            self.stopped = False
-
-        def stop(self) -> None:
-            self.stopped = True
-
-    calls: list[tuple[str, tuple[str, ...]]] = []
-
-    def stand_in_closed_loop(address, prompts, threads, max_tokens, n, history=None):
-        calls.append((address, tuple(prompts)))
-        return _result(100.0 + len(calls)) | {"responses": {p: [[1]] for p in prompts}}
-
-    monkeypatch.setattr(epochs, "ServiceProcess", StandInServer)
-    monkeypatch.setattr(epochs, "start_all", lambda procs: None)
-    monkeypatch.setattr(epochs, "closed_loop", stand_in_closed_loop)
-    monkeypatch.setattr(epochs, "bench_server", lambda *args: object())
+    """Every round of a block runs on that block's servers, each block starts its own
+    after a warm-up round, and the rows' intervals are the blocks' (stand-in servers)."""
+    stand_ins = StandIns(monkeypatch)
+    started, calls = stand_ins.started, stand_ins.calls
     cells = [epochs.Cell("ar", "none"), epochs.Cell("eagle3", "eagle3", "zoo:eagle3-domain")]
     prompts = prompt_sets([f"p{i}" for i in range(pool_size([4], 4))], [4], rounds=4)
     done, written = epochs.measure("zoo:target", 3, cells, prompts, [4], 4, {}, 8, Console(), blocks=2)
@@ -186,9 +216,49 @@ def test_each_block_measures_on_servers_started_afresh_after_a_warm_up_round(mon
     round_of = {tuple(ps): r for (r, _), ps in prompts.items()}
     for block, servers in enumerate((started[:2], started[2:])):
         for s in servers:
-            rounds = [round_of[p] for a, p in calls if a == s.address]
+            rounds = [round_of[p] for a, p, _ in calls if a == s.address]
             assert rounds == [0, 1 + 2 * block, 2 + 2 * block]
     assert [r["block"] for r in done[(1, 4)]] == [0, 0, 1, 1]
     assert set(written) == {p for (r, _), ps in prompts.items() for p in ps}
     rows = paired_rows(cells, done, [4])
     assert rows[1]["blocks"] == 2 and rows[1]["rounds"] == 4
+
+
+def test_kept_servers_start_once_per_block_and_take_each_versions_weights_before_its_rounds(monkeypatch):
+    """`--servers kept`: a block's servers are started on the first version's policy and
+    measure every version, each later version's weights pushed into all of them before
+    that version's warm-up round; no responses are carried (the servers hold them); the
+    results come per version (stand-in servers, client and sender)."""
+    stand_ins = StandIns(monkeypatch)
+    cells = [
+        epochs.Cell("ar", "none"),
+        epochs.Cell("hybrid", "eagle3", "zoo:eagle3-domain", history={"hybrid": True}, carry="last"),
+    ]
+    prompts = prompt_sets([f"p{i}" for i in range(pool_size([4], 2))], [4], rounds=2)
+    policies = ["zoo:target", "/ckpt/e1", "/ckpt/e2"]
+    done = epochs.measure_kept(policies, 3, cells, prompts, [4], 2, 8, Console(), blocks=2)
+    assert len(stand_ins.started) == 4 and all(s.stopped for s in stand_ins.started)  # 2 cells x 2 blocks
+    round_of = {tuple(ps): r for (r, _), ps in prompts.items()}
+    for block, servers in enumerate((stand_ins.started[:2], stand_ins.started[2:])):
+        addresses = tuple(s.address for s in servers)
+        # this block's events: per version a push (after the first), then warm-up and its round
+        seen = [e for e in stand_ins.events if (e[0] == "push" and e[3] == addresses) or e[1] in addresses]
+        expected = []
+        for version, policy in enumerate(policies):
+            if version:
+                expected.append(("push", version, policy))
+            expected += [("round", 0), ("round", 0), ("round", 1 + block), ("round", 1 + block)]
+        assert [e[:3] if e[0] == "push" else ("round", round_of[e[2]]) for e in seen] == expected
+    assert all(carried is None for _, _, carried in stand_ins.calls)
+    assert len(done) == 3
+    for results in done:  # each version: both cells, one counted round per block
+        assert [r["block"] for r in results[(1, 4)]] == [0, 1]
+    assert paired_rows(cells, done[2], [4])[1]["rounds"] == 2
+
+
+def test_servers_are_fresh_or_kept(tmp_path):
+    with pytest.raises(ValueError, match="fresh, kept"):
+        epochs.run_over_versions(
+            tmp_path / "x.json", None, versions=1, keys=("method", "epoch"), columns=(), meta={}, k=3,
+            concurrency=[4], tasks=["rl-zero"], rounds=1, console=Console(), servers="shared",
+        )  # fmt: skip

@@ -11,7 +11,15 @@ concurrency) measurement has prompts of its own, different from every other's an
 same at every version, so a prompt comes back once per version, as RL's prompts come
 back once per epoch: the task's training prompts (RL samples its training set), as the
 test split's ~80 problems are fewer than a run measures (192 at 3 rounds), and a prompt
-measured twice in one version would find history of that version on the server."""
+measured twice in one version would find history of that version on the server.
+
+Servers are either started afresh for every version (`fresh`: each on the version's
+checkpoint, carried the earlier responses its cell asks for) or started once and kept
+across the versions (`kept`), the next version's weights pushed into them over the
+weight-sync path as a run's trainer pushes them (weightsync/sender.py): a run keeps its
+rollout servers from epoch to epoch, and what a server holds over an update (history
+aged, not dropped; the draft model's state) only a kept server shows. Nothing is carried
+to kept servers: they hold each prompt's earlier responses themselves."""
 
 from __future__ import annotations
 
@@ -19,21 +27,24 @@ import itertools
 import json
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
+import torch
 from rich.console import Console
 
 from specrl.bench.adaptive import balanced_orders, paired_ratio, verdict
 from specrl.bench.draft import bench_server
 from specrl.bench.rollout import closed_loop
 from specrl.bench.tasks import TASKS, Task, bench_meta, pick_tasks, task_prompts
+from specrl.config import WeightSenderConfig, resolve_model_path
 from specrl.launcher import ServiceProcess, start_all
 from specrl.rollout.api import RolloutClient
 from specrl.tables import markdown_table, print_table
+from specrl.weightsync.sender import WeightSender
 
 GROUP = 4  # samples per request (a GRPO group)
 # what a hybrid server did in a measurement (its GetStatus counters, rollout/server.py):
@@ -48,6 +59,9 @@ HYBRID_COUNTS = (
     "padded_steps",
 )
 Responses = dict[str, list[list[int]]]  # prompt -> its responses
+Servers = Literal["fresh", "kept"]  # started for every version, or kept across them (module docstring)
+SERVERS: tuple[str, ...] = get_args(Servers)
+Done = dict[tuple[int, int], list[dict]]  # (cell index, level) -> its closed-loop results
 
 
 @dataclass(frozen=True)
@@ -89,28 +103,30 @@ def run_over_versions(
     console: Console,
     versus: tuple[str, ...] = (),
     blocks: int = 1,
+    servers: Servers = "fresh",
 ) -> list[dict]:
     """For each task (names in TASKS; None: all) and each of `versions` versions, measure
-    the cells `advance` gives, carrying earlier responses as each cell asks. Rows name the
+    the cells `advance` gives, on servers `fresh` for each version (carrying earlier
+    responses as each cell asks) or `kept` across them (module docstring). Rows name the
     cell and the version by `keys` (cell key, version key); written to `out` (JSON, and
-    Markdown beside) after every version, so a long run that fails keeps what it did.
-    `blocks`: each version's servers are started that many times (measure)."""
+    Markdown beside) after every version measured (kept: after a task's last), so a long
+    run that fails keeps what it did. `blocks`: each version's servers (kept: each task's)
+    are started that many times (measure)."""
     block_rounds(rounds, blocks)  # checked before any server starts
+    if servers not in SERVERS:
+        raise ValueError(f"servers are one of {', '.join(SERVERS)}, not {servers!r}")
     chosen = [TASKS[name] for name in pick_tasks(tasks)]
     pool = task_prompts(chosen, pool_size(concurrency, rounds), console, distinct=True)
     prompts = prompt_sets(pool, concurrency, rounds)
     cell_key, version_key = keys
     rows: list[dict] = []
+    each = _on_fresh_servers if servers == "fresh" else _on_kept_servers
+    measuring = {"k": k, "prompts": prompts, "levels": concurrency, "rounds": rounds, "blocks": blocks}
     with tempfile.TemporaryDirectory(prefix="specrl-bench-") as tmp:
         for task in chosen:
-            carried: dict[str, Responses] = {}
-            for index in range(versions):
-                label, policy, cells = advance(task, index, Path(tmp))
-                console.print(f"[bold]{task.name}[/bold]: {version_key} {label}: measuring")
-                done, written = measure(
-                    policy, k, cells, prompts, concurrency, rounds, carried, task.max_tokens, console, blocks
-                )
-                carried = {"first": carried.get("first", written), "last": written}
+            for label, cells, done in each(
+                task, advance, versions, Path(tmp), version_key, console, **measuring
+            ):
                 got = [
                     {"task": task.name, version_key: label, cell_key: r.pop("name")} | r
                     for r in paired_rows(cells, done, concurrency, versus)
@@ -125,10 +141,42 @@ def run_over_versions(
                 rows += got
                 out.parent.mkdir(parents=True, exist_ok=True)
                 full_meta = bench_meta(k=k, group=GROUP, rounds=rounds, blocks=blocks, **meta)
-                out.write_text(json.dumps({"meta": full_meta, "rows": rows}, indent=2))
+                out.write_text(json.dumps({"meta": full_meta | {"servers": servers}, "rows": rows}, indent=2))
                 out.with_suffix(".md").write_text(markdown_table(rows, columns) + "\n")
     print_table(rows, columns, out.stem, console)
     return rows
+
+
+def _on_fresh_servers(
+    task: Task, advance: Advance, versions: int, tmp: Path, version_key: str, console: Console, **measuring
+) -> Iterator[tuple[int, list[Cell], Done]]:
+    """Each version measured as it is made, on servers of its own, each cell carried the
+    earlier responses it asks for: (the version's label, its cells, their results)."""
+    carried: dict[str, Responses] = {}
+    for index in range(versions):
+        label, policy, cells = advance(task, index, tmp)
+        console.print(f"[bold]{task.name}[/bold]: {version_key} {label}: measuring")
+        done, written = measure(
+            policy, cells=cells, carried=carried, max_tokens=task.max_tokens, console=console, **measuring
+        )
+        carried = {"first": carried.get("first", written), "last": written}
+        yield label, cells, done
+
+
+def _on_kept_servers(
+    task: Task, advance: Advance, versions: int, tmp: Path, version_key: str, console: Console, **measuring
+) -> Iterator[tuple[int, list[Cell], Done]]:
+    """Every version made first, then measured in order on servers kept across them
+    (measure_kept): (each version's label, its cells, their results)."""
+    made = [advance(task, index, tmp) for index in range(versions)]
+    cells = made[0][2]
+    if any(c != cells for _, _, c in made):
+        raise ValueError("servers kept across versions measure the same cells at every version")
+    console.print(f"[bold]{task.name}[/bold]: {version_key}s {', '.join(str(m[0]) for m in made)}: measuring")
+    policies = [policy for _, policy, _ in made]
+    done = measure_kept(policies, cells=cells, max_tokens=task.max_tokens, console=console, **measuring)
+    for (label, _, _), results in zip(made, done):
+        yield label, cells, results
 
 
 def group(c: int) -> int:
@@ -158,6 +206,61 @@ def pool_size(levels: list[int], rounds: int) -> int:
     return (rounds + 1) * sum(requests_per_level(c) for c in levels)
 
 
+class _Rounds:
+    """The rounds of one version's measurement: each cell's server in a balanced order per
+    round and level, its results kept for the counted rounds (`done`) and AR's responses
+    (`written`: cells[0] is AR)."""
+
+    def __init__(
+        self,
+        cells: list[Cell],
+        prompts: dict[tuple[int, int], list[str]],
+        levels: list[int],
+        max_tokens: int,
+        orders: Iterator[tuple[int, ...]],
+        carried: dict[str, Responses],
+    ) -> None:
+        self.cells, self.prompts, self.levels, self.max_tokens = cells, prompts, levels, max_tokens
+        self.orders, self.carried = orders, carried
+        self.done: Done = {}
+        self.written: Responses = {}
+
+    def run(self, procs: list[ServiceProcess], rnd: int, block: int, console: Console) -> None:
+        for c in self.levels:
+            for i in next(self.orders):
+                cell = self.cells[i]
+                before = _hybrid_counts(procs[i].address) if cell.hybrid else None
+                r = closed_loop(
+                    procs[i].address,
+                    self.prompts[(rnd, c)],
+                    threads(c),
+                    self.max_tokens,
+                    n=group(c),
+                    history=self.carried.get(cell.carry) if cell.carry else None,
+                )
+                if before is not None:
+                    after = _hybrid_counts(procs[i].address)
+                    r["hybrid"] = {f: after[f] - before[f] for f in HYBRID_COUNTS}
+                if i == 0:
+                    self.written.update(r["responses"])
+                if rnd:
+                    self.done.setdefault((i, c), []).append(r | {"block": block})
+        console.print(f"    round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
+
+
+def _started(
+    stack: ExitStack, configs: list, block: int, blocks: int, console: Console
+) -> list[ServiceProcess]:
+    """The servers of `configs` started (stopped when `stack` closes)."""
+    procs = [ServiceProcess(cfg) for cfg in configs]
+    for proc in procs:
+        stack.callback(proc.stop)
+    if blocks > 1:
+        console.print(f"    block {block + 1}/{blocks}: servers started afresh")
+    start_all(procs)
+    return procs
+
+
 def measure(
     policy: str,
     k: int,
@@ -169,7 +272,7 @@ def measure(
     max_tokens: int,
     console: Console,
     blocks: int = 1,
-) -> tuple[dict[tuple[int, int], list[dict]], Responses]:
+) -> tuple[Done, Responses]:
     """Every cell's server of `policy` up at once; closed-loop results per (cell index,
     level) over the counted rounds, and AR's responses per prompt (what this version wrote,
     for later versions to carry: cells[0] is AR). `carried[cell.carry]`: the responses a
@@ -177,42 +280,62 @@ def measure(
     each on servers started afresh after a warm-up round of their own (round 0's prompts
     again); a result's "block" says which."""
     configs = [bench_server(policy, c.method, c.draft, c.k or k, False, c.history) for c in cells]
-    done: dict[tuple[int, int], list[dict]] = {}
-    written: Responses = {}
-    orders = itertools.cycle(balanced_orders(len(cells)))
-
-    def run_round(procs: list[ServiceProcess], rnd: int, block: int) -> None:
-        for c in levels:
-            for i in next(orders):
-                before = _hybrid_counts(procs[i].address) if cells[i].hybrid else None
-                r = closed_loop(
-                    procs[i].address,
-                    prompts[(rnd, c)],
-                    threads(c),
-                    max_tokens,
-                    n=group(c),
-                    history=carried.get(cells[i].carry) if cells[i].carry else None,
-                )
-                if before is not None:
-                    after = _hybrid_counts(procs[i].address)
-                    r["hybrid"] = {f: after[f] - before[f] for f in HYBRID_COUNTS}
-                if i == 0:
-                    written.update(r["responses"])
-                if rnd:
-                    done.setdefault((i, c), []).append(r | {"block": block})
-
+    rounds_ = _Rounds(
+        cells, prompts, levels, max_tokens, itertools.cycle(balanced_orders(len(cells))), carried
+    )
     for block, counted in enumerate(block_rounds(rounds, blocks)):
         with ExitStack() as stack:
-            procs = [ServiceProcess(cfg) for cfg in configs]
-            for proc in procs:
-                stack.callback(proc.stop)
-            if blocks > 1:
-                console.print(f"    block {block + 1}/{blocks}: servers started afresh")
-            start_all(procs)
+            procs = _started(stack, configs, block, blocks, console)
             for rnd in [0, *counted]:
-                run_round(procs, rnd, block)
-                console.print(f"    round {rnd}{' (warm-up, not counted)' if not rnd else ''} done")
-    return done, written
+                rounds_.run(procs, rnd, block, console)
+    return rounds_.done, rounds_.written
+
+
+def measure_kept(
+    policies: list[str],
+    k: int,
+    cells: list[Cell],
+    prompts: dict[tuple[int, int], list[str]],
+    levels: list[int],
+    rounds: int,
+    max_tokens: int,
+    console: Console,
+    blocks: int = 1,
+) -> list[Done]:
+    """Every cell's server started on `policies[0]` and kept across the versions: each
+    later version's weights pushed into all of them (a WeightSender, as a run's trainer
+    pushes them), then a warm-up round after the push and the counted rounds. The counted
+    rounds are split into `blocks` as in `measure`, each block's servers started afresh
+    and taken through every version. Results per version, as `measure`'s; nothing is
+    carried (the servers hold the earlier versions' responses)."""
+    configs = [bench_server(policies[0], c.method, c.draft, c.k or k, False, c.history) for c in cells]
+    orders = itertools.cycle(balanced_orders(len(cells)))
+    per_version = [_Rounds(cells, prompts, levels, max_tokens, orders, {}) for _ in policies]
+    for block, counted in enumerate(block_rounds(rounds, blocks)):
+        with ExitStack() as stack:
+            procs = _started(stack, configs, block, blocks, console)
+            sender = WeightSender(WeightSenderConfig(kind="policy", timeout_s=600))
+            stack.callback(sender.close)
+            for proc in procs:
+                sender.add_replica(proc.address)
+            for version, (policy, rounds_) in enumerate(zip(policies, per_version)):
+                if version:
+                    seconds = push_policy(sender, version, policy)
+                    console.print(
+                        f"    version {version}'s weights pushed to the servers kept ({seconds:.1f} s)"
+                    )
+                for rnd in [0, *counted]:
+                    rounds_.run(procs, rnd, block, console)
+    return [rounds_.done for rounds_ in per_version]
+
+
+def push_policy(sender: WeightSender, version: int, policy: str) -> float:
+    """Push `policy` (a checkpoint, or a zoo name) to `sender`'s replicas as `version`;
+    the push's seconds."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(policy), dtype=torch.float32)
+    return sender.push(version, model.named_parameters).seconds
 
 
 def block_rounds(rounds: int, blocks: int) -> list[list[int]]:

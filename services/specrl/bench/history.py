@@ -4,20 +4,24 @@ run, beside AR and EAGLE-3 alone, one run.
 For each task (RL-Zero, RL-Think: bench/tasks.py) the policy moves between epochs: epoch 0
 measures the task's initial policy, and each later epoch first trains the previous one
 for `steps` synchronous RL steps (`specrl run` on the task's training prompts, every
-service a real process, EAGLE-3 from the domain draft, frozen). Each epoch starts fresh
-rollout servers of its policy (bench/epochs.py): AR, EAGLE-3 alone, the history drafter
-alone and the hybrid (EAGLE-3 with history: speculation.history.hybrid), the draft model
-at k and history up to `history_draft` tokens (alone and in the hybrid: history has no
-sequential positions to pay for), the EAGLE-3 head the task's domain head or, with
-`--head generic`, its weak generic one.
+service a real process, EAGLE-3 from the domain draft, frozen). The servers
+(bench/epochs.py) are started afresh every epoch on its policy (`--servers fresh`), or,
+as a run keeps them, started once and kept across the epochs with each epoch's weights
+pushed into them over the weight-sync path (`--servers kept`; every epoch's policy is
+trained first): AR, EAGLE-3 alone, the history drafter alone and the hybrid (EAGLE-3 with
+history: speculation.history.hybrid), the draft model at k and history up to
+`history_draft` tokens (alone and in the hybrid: history has no sequential positions to
+pay for), the EAGLE-3 head the task's domain head or, with `--head generic`, its weak
+generic one.
 
-The measured prompts (the task's test prompts) come back once every epoch, and the
+The measured prompts (the task's training prompts) come back once every epoch. Fresh
 history and hybrid servers get each prompt's responses of the previous epoch carried with
 it (Prompt.history), as the orchestrator carries them to a replica that has not seen the
-prompt since it started (orchestrator/carry.py): history written by the previous policy.
-Epoch 0 has none (siblings and the prompt only). Each row carries the geometric mean of
-the per-round ratios to AR (and, for history and the hybrid, to EAGLE-3 alone; for the
-hybrid also to history alone) with a 95% interval.
+prompt since it started (orchestrator/carry.py); kept ones hold them, and the earlier
+epochs', themselves (aged by the pushes: speculation.history.max_age): history written by
+earlier policies. Epoch 0 has none (siblings and the prompt only). Each row carries the
+geometric mean of the per-round ratios to AR (and, for history and the hybrid, to EAGLE-3
+alone; for the hybrid also to history alone) with a 95% interval.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 from rich.console import Console
 
 from specrl.bench.draft import rl_run_config
-from specrl.bench.epochs import Cell, run_over_versions
+from specrl.bench.epochs import Cell, Servers, run_over_versions
 from specrl.bench.tasks import Task
 from specrl.speculation import HISTORY_DRAFT
 
@@ -80,9 +84,10 @@ def run_history_bench(
     history_draft: int = HISTORY_DRAFT,
     console: Console | None = None,
     blocks: int = 1,
+    servers: Servers = "fresh",
 ) -> list[dict]:
     """`tasks`: names in TASKS (default: all), measured in that order; `head`,
-    `history_draft`: cells(); `blocks`: run_over_versions."""
+    `history_draft`: cells(); `blocks`, `servers`: run_over_versions."""
     from specrl.orchestrator.run import run
 
     console = console or Console(stderr=True)
@@ -119,4 +124,5 @@ def run_history_bench(
         console=console,
         versus=("eagle3", "history"),
         blocks=blocks,
+        servers=servers,
     )
