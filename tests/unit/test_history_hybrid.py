@@ -21,7 +21,16 @@ from specrl.rollout import hybrid
 from specrl.rollout.engines.vllm import history as vllm_history
 from specrl.rollout.engines.vllm.history import install_hybrid
 from specrl.rollout.history import HistoryIndex
-from specrl.rollout.hybrid import Line, SourceScores, StepCosts, VerifyCost, agreed, draft_lengths
+from specrl.rollout.hybrid import (
+    RETRY_AFTER,
+    Line,
+    Realized,
+    SourceScores,
+    StepCosts,
+    VerifyCost,
+    agreed,
+    draft_lengths,
+)
 
 PROMPT = [1, 2, 3, 4]
 MODEL_TOKEN = 9  # what the stand-in draft model drafts at every position
@@ -94,6 +103,46 @@ def test_a_row_with_history_takes_its_draft_and_the_model_fills_the_rest(monkeyp
     drafts = runner.step({"b": [*PROMPT, 5, 6], "c": [20, 21, 22, 23, 24]}, [[6], [24]])
     assert drafts == [[7, 8, MODEL_TOKEN], [MODEL_TOKEN] * 3]
     assert history.rows["history"] == 1 and history.rows["first_pass_only"] == 0
+
+
+@pytest.mark.parametrize(
+    ("history_emitted", "model_emitted", "closed"),
+    [([40], [9, 9, 9, 11], True), ([7, 8, 9, 13], [9, 40], False)],
+)
+def test_a_kind_whose_history_rows_emit_less_than_its_model_rows_stops_taking_history(
+    monkeypatch, history_emitted, model_emitted, closed
+):
+    """Requests of one kind (recurring: samples of PROMPT, whose "a" finished): "b" takes
+    history's draft and "d", which history has nothing for, the model's. Where "b" then
+    emitted fewer tokens than "d", the kind takes history's drafts no more (Realized, over
+    1 row each here): "e", which history drafts for and whose own scores prefer it (every
+    request's, here), gets the model's draft; where "b" emitted more, "e" takes history's."""
+    _model_drafts_every_step(monkeypatch)
+    monkeypatch.setattr(hybrid, "REALIZED_ROWS", 1.0)
+    monkeypatch.setattr(SourceScores, "prefers_history", lambda self, req: True)
+    runner, history = _hybrid(min_draft=2)
+    b, d = [*PROMPT, 5, 6], [*PROMPT, 20, 21]
+    assert runner.step({"b": b, "d": d}, [[6], [21]]) == [[7, 8, MODEL_TOKEN], [MODEL_TOKEN] * 3]
+    rows = {"b": [*b, *history_emitted], "d": [*d, *model_emitted], "e": [*PROMPT, 5, 6]}
+    drafts = runner.step(rows, [history_emitted, model_emitted, [6]])
+    assert history.kind("e") == "recurring"
+    assert drafts[2] == ([MODEL_TOKEN] * 3 if closed else [7, 8, MODEL_TOKEN])
+
+
+def test_a_closed_kind_measures_history_afresh_after_retry_after_steps():
+    realized = Realized()
+    for _ in range(20):  # history's rows 2 tokens, the model's 4: closed once both have 16
+        realized.observe("history", 2)
+        realized.observe("model", 4)
+    assert not realized.open
+    for _ in range(RETRY_AFTER - 1):
+        realized.step()
+    assert not realized.open
+    realized.step()
+    assert realized.open and realized.rows["history"] == 0.0  # history's rows forgotten
+    for _ in range(20):  # now history's rows emit more: it stays open
+        realized.observe("history", 6)
+    assert realized.open
 
 
 def _long_hybrid(monkeypatch, fit: Line | None) -> tuple[_Runner, object]:

@@ -58,15 +58,20 @@ replica-level scores and taken share (`hybrid.ByKind`): recurring, whose prompt 
 finished responses when they began (an earlier epoch's, or carried), and fresh (the
 prompt and its siblings only). Where few of a kind's rows take history's drafts
 (`history.hybrid_idle_share`: a first epoch, new prompts) a new request of that kind
-starts so, looked up on its first step. In a step where no row took history's draft and
-every row's kind is idle, the replica also runs the next `hybrid.IDLE_PADDED_STEPS` steps on vLLM's padded
-drafter path (vLLM reads `disable_padded_drafter_batch` every step): the draft model
-drafts alone, before bookkeeping, as EAGLE-3 alone does, history's trees are
-extended from those steps' sampled tokens (`HistoryProposer.extend_sampled`), and the
-drafts offered in the unpadded step before them are scored against the first one's (left
-unscored, a replica idle at every step never took history's drafts again: a server kept
-across a run's epochs at c=64, RL-Zero on the CPU testbed, used none after its first). RL-Zero
-epoch 0, c=16 on the testbed: the unpadded path made the draft model's call ~12% longer,
+starts so, looked up on its first step. Where a kind's rows that took history's drafts
+emitted fewer tokens a row than its rows the draft model drafted, none of its rows takes
+history's drafts for a while (`hybrid.Realized`: a request's own scores read history
+better by chance on some of many requests; RL-Zero's first epoch, c=4 on the CPU testbed:
+3.4-3.6 tokens a step against EAGLE-3 alone's 3.7, 3.7 with it). In a step where no row
+took history's draft and every row's kind is idle, the replica also runs the next
+`hybrid.IDLE_PADDED_STEPS` steps on vLLM's padded drafter path (vLLM reads
+`disable_padded_drafter_batch` every step): the draft model drafts alone, before
+bookkeeping, as EAGLE-3 alone does, history's trees are extended from those steps'
+sampled tokens (`HistoryProposer.extend_sampled`), and the drafts offered in the
+unpadded step before them are scored against the first one's (left unscored, a replica
+idle at every step never took history's drafts again: a server kept across a run's
+epochs at c=64, RL-Zero on the CPU testbed, used none after its first). RL-Zero epoch 0,
+c=16 on the testbed: the unpadded path made the draft model's call ~12% longer,
 and ~1% fewer tokens a step were emitted (docs/draft.md).
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
@@ -309,6 +314,13 @@ def install_hybrid(
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
     last: tuple[set[str], int, int] = (set(), 0, 0)  # the last step's requests, rows, tokens to verify
+    drafted: dict[str, str] = {}  # per request: the source of its last unpadded step's draft
+
+    def realize(req: str, emitted: Any) -> None:
+        """What `req` emitted after its last unpadded step's draft, for its kind (Realized)."""
+        source = drafted.pop(req, None)
+        if source is not None:
+            scores.realized[history.kind(req)].observe(source, len(emitted))
 
     def padded_step(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
         """A step of an idle replica on vLLM's padded path: the draft model's drafts
@@ -319,6 +331,7 @@ def install_hybrid(
         nonlocal padded_left, returned_at
         for req, emitted, at in history.extend_sampled(sampled_token_ids):
             scores.of(req).score(req, emitted, at)
+            realize(req, emitted)
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)
         drafts = propose_model(_scheduled_for(scheduler_output, k), sampled_token_ids, *args, **kwargs)
         history.rows["padded"] += 1
@@ -366,7 +379,9 @@ def install_hybrid(
         at = {i: int(batch.num_tokens_no_spec[i]) for i in live}
         for i in live:
             scores.of(batch.req_ids[i]).score(batch.req_ids[i], sampled_token_ids[i], at[i])
-        candidates = {i for i in live if len(found[i]) >= min_draft}
+            realize(batch.req_ids[i], sampled_token_ids[i])
+        drafted.clear()  # a request not in this step emitted nothing after its draft
+        candidates = {i for i in live if len(found[i]) >= min_draft and scores.open(batch.req_ids[i])}
         chosen = [
             i for i in sorted(candidates) if scores.of(batch.req_ids[i]).prefers_history(batch.req_ids[i])
         ]
@@ -485,6 +500,9 @@ def install_hybrid(
         history.rows["long_drafts"] += any(len(row) > k for row in drafts)  # past the model's k
         history.rows["left_out"] += len(left_out)
         took = candidates if first_pass_only else takes_history
+        for i in live:
+            if drafts[i]:
+                drafted[batch.req_ids[i]] = "history" if i in took else "model"
         for i in live:
             req = batch.req_ids[i]
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
