@@ -332,6 +332,7 @@ def install_hybrid(
         for req, emitted, at in history.extend_sampled(sampled_token_ids):
             scores.of(req).score(req, emitted, at)
             realize(req, emitted)
+        drafted.clear()  # a row discarded here (a partial prefill) emitted nothing after its draft
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)
         drafts = propose_model(_scheduled_for(scheduler_output, k), sampled_token_ids, *args, **kwargs)
         history.rows["padded"] += 1
