@@ -326,7 +326,8 @@ class ByKind:
             scores.retain(reqs)
 
     def observe(self, took: Collection[str], live: Collection[str]) -> None:
-        """A step's rows (`live`) and those that took history's draft, per kind."""
+        """A step's rows (`live`) and those that took history's draft, per kind (a step
+        of each kind with rows in it, for Realized's count of closed steps)."""
         counts = {kind: [0, 0] for kind in KINDS}  # taken, rows
         for req in live:
             count = counts[self.kind_of(req)]
