@@ -36,6 +36,37 @@ PROMPT = [1, 2, 3, 4]
 MODEL_TOKEN = 9  # what the stand-in draft model drafts at every position
 
 
+class _InputBatch:
+    """Stand-in for vLLM's InputBatch: its rows, and requests joining and leaving through
+    add_request and remove_request (the history proposer watches both)."""
+
+    def __init__(self) -> None:
+        self.req_ids: list[str] = []
+        self.hold({})
+
+    def hold(self, rows: dict[str, list[int]]) -> None:
+        """`rows` now (id -> prompt + response so far): those gone are removed first, with
+        their rows as they were; the new ones added, their prompt PROMPT's length."""
+        for req in [r for r in self.req_ids if r not in rows]:
+            self.remove_request(req)
+        self.token_ids_cpu = np.zeros((len(rows), 64), dtype=np.int32)
+        for i, seq in enumerate(rows.values()):
+            self.token_ids_cpu[i, : len(seq)] = seq
+        self.num_tokens_no_spec = np.array([len(s) for s in rows.values()])
+        self.num_prompt_tokens = np.array([len(PROMPT)] * len(rows))
+        new = [r for r in rows if r not in self.req_ids]
+        self.req_ids = list(rows)
+        self.req_id_to_index = {r: i for i, r in enumerate(rows)}
+        for req in new:
+            self.add_request(SimpleNamespace(req_id=req, prompt_token_ids=rows[req][: len(PROMPT)]))
+
+    def add_request(self, request: SimpleNamespace) -> None:
+        pass  # `hold` has put its row in
+
+    def remove_request(self, req_id: str) -> None:
+        del self.req_id_to_index[req_id]
+
+
 class _Runner:
     """Stand-in for vLLM's GPUModelRunner: an input batch and a draft model that drafts
     MODEL_TOKEN everywhere."""
@@ -48,20 +79,14 @@ class _Runner:
         )
         self._draft_probs = None
         self.model_k: list[int] = []  # the draft length the draft model was asked for, by call
+        self.input_batch = _InputBatch()
+        self.requests: dict[str, list[int]] = {}
 
     def batch(self, rows: dict[str, list[int]]) -> None:
-        """The requests in the batch: id -> prompt + response so far."""
-        tokens = np.zeros((len(rows), 64), dtype=np.int32)
-        for i, seq in enumerate(rows.values()):
-            tokens[i, : len(seq)] = seq
+        """The requests in the batch: id -> prompt + response so far (a request no longer
+        in it ended, and leaves it as in vLLM: gone from the runner's requests first)."""
         self.requests = dict(rows)  # the runner's live requests (a step's batch holds them all here)
-        self.input_batch = SimpleNamespace(
-            req_ids=list(rows),
-            req_id_to_index={r: i for i, r in enumerate(rows)},
-            num_prompt_tokens=np.array([len(PROMPT)] * len(rows)),
-            num_tokens_no_spec=np.array([len(s) for s in rows.values()]),
-            token_ids_cpu=tokens,
-        )
+        self.input_batch.hold(rows)
 
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
         k = scheduler_output.num_spec_tokens_to_schedule
@@ -633,50 +658,86 @@ def _idle_hybrid(monkeypatch) -> tuple[_Runner, object]:
     return runner, install_hybrid(runner, {"min_match": 1}, 1, 1)
 
 
-def test_an_idle_replica_runs_steps_on_the_padded_path_and_extends_history_from_them(monkeypatch):
+def _padded(*rows: list[int]) -> torch.Tensor:
+    """A padded step's sampled tokens: each row's, -1 past them (4 positions)."""
+    return torch.tensor([[*row, *[-1] * (4 - len(row))] for row in rows])
+
+
+def test_an_idle_replica_runs_steps_on_the_padded_path_and_history_takes_their_tokens_after(monkeypatch):
     """On a replica where history is idle, a step in which no row took history's draft
     turns vLLM's padded drafter path on for the next IDLE_PADDED_STEPS steps (3 here):
-    those hand the draft model's drafts through (called with the step's sampled tensor,
-    -1 past the accepted tokens) and extend history's trees from it; then the unpadded
-    path is back."""
+    those hand the draft model's drafts through (called with the step's sampled tensor)
+    and leave history's trees alone; then the unpadded path is back, and history takes
+    the padded steps' tokens from the batch's rows (vLLM's bookkeeping wrote them): every
+    row's before any row drafts, and a row's that leaves the batch as it leaves."""
     runner, history = _idle_hybrid(monkeypatch)
-    z = [20, 21, 22, 23]
-    runner.step({"z": [*z, 24], "m": [30, 31, 32, 33, 34]}, [[24], [34]])
+    z, m = [20, 21, 22, 23, 24, 25], [30, 31, 32, 33, 34, 35]
+    runner.step({"z": z[:-1], "m": m[:-1]}, [[24], [34]])
     assert runner.speculative_config.disable_padded_drafter_batch  # 2 rows seen, not yet
-    runner.step({"z": [*z, 24, 25], "m": [30, 31, 32, 33, 34, 35]}, [[25], [35]])
+    runner.step({"z": z, "m": m}, [[25], [35]])
     assert not runner.speculative_config.disable_padded_drafter_batch
+    held = history.index.tokens
     scheduled = SimpleNamespace(num_spec_tokens_to_schedule=runner.engine_k)
-    emitted = [[26, 27, -1, -1], [40, 41, 42, 43], [50, -1, -1, -1]]  # "z"'s
-    for step in range(3):
-        # before bookkeeping: the batch holds last step's tokens; "m" ends after this step
-        runner.batch({"z": [*z, 24, 25], "m": [30, 31, 32, 33, 34, 35]})
-        runner.discard_request_mask.np[1] = step == 1  # vLLM discards "m"'s row: nothing added
-        sampled = torch.tensor([emitted[step], [36 + step, -1, -1, -1]])
-        drafts = runner.propose_draft_token_ids(scheduled, sampled)
+    for step, (z_emitted, m_emitted) in enumerate((([26, 27], [36]), ([40, 41, 42, 43], [37]), ([50], [38]))):
+        runner.batch({"z": z, "m": m})  # before bookkeeping: the tokens of the steps before
+        drafts = runner.propose_draft_token_ids(scheduled, _padded(z_emitted, m_emitted))
         assert drafts.tolist() == [[MODEL_TOKEN] * 3] * 2
         assert runner.speculative_config.disable_padded_drafter_batch == (step == 2)
-    assert history.rows["padded"] == 3
-    # "y", a sibling of "z", drafts what "z" emitted on the padded steps; "m" and "w"
-    # (another sample of m's prompt) show the discarded row added nothing
-    drafts = runner.step({"y": [*z, 24, 25, 26], "w": [30, 31, 32, 33, 34, 35, 36]}, [[26], [36]])
-    assert drafts == [[27, 40, 41], [38, MODEL_TOKEN, MODEL_TOKEN]]
+        z, m = [*z, *z_emitted], [*m, *m_emitted]
+    assert history.rows["padded"] == 3 and history.index.tokens == held  # the trees untouched
+    runner.batch({"z": z, "m": m})  # the last padded step's bookkeeping
+    # "y", a new sample of z's prompt ahead of "z" in the batch, drafts what "z" emitted
+    # on the padded steps; "w", one of m's, what "m" did before it ended
+    drafts = runner.step({"y": [*z[:6], 26], "z": z, "w": [*m[:6], 36]}, [[26], [50], [36]])
+    assert drafts[0] == [27, 40, 41] and drafts[2] == [37, 38, MODEL_TOKEN]
+
+
+def test_a_row_vllm_discards_on_a_padded_step_emitted_nothing(monkeypatch):
+    """What a padded step emitted (scored against the drafts offered before it) leaves out
+    a row vLLM discards (a partial prefill's)."""
+    runner, history = _idle_hybrid(monkeypatch)
+    runner.batch({"z": [20, 21, 22, 23, 24], "m": [30, 31, 32, 33]})
+    runner.discard_request_mask.np[1] = True
+    assert history.emitted(_padded([26, 27], [36])) == [("z", [26, 27], 7)]
 
 
 def test_a_response_run_wholly_on_the_padded_path_is_history_for_its_prompt(monkeypatch):
-    """On an idle replica a request may run on the padded path from its first step: it is
-    started there with the tokens of its earlier steps, so that a later request of its
-    prompt is recurring and drafts from its response."""
+    """On an idle replica a request may run on the padded path from its first step to
+    its last: it is started as it joins the batch and its tokens taken as it leaves, so
+    that a later request of its prompt is recurring and drafts from its response."""
     runner, history = _idle_hybrid(monkeypatch)
-    z, m = [20, 21, 22, 23], [30, 31, 32, 33, 34]
-    runner.step({"z": [*z, 24], "m": m}, [[24], [34]])
-    runner.step({"z": [*z, 24, 25], "m": [*m, 35]}, [[25], [35]])
+    z, m = [20, 21, 22, 23, 24], [30, 31, 32, 33, 34]
+    runner.step({"z": z, "m": m}, [[24], [34]])
+    runner.step({"z": [*z, 25], "m": [*m, 35]}, [[25], [35]])
     assert not runner.speculative_config.disable_padded_drafter_batch  # idle: padded steps
-    # "p" (prompt 70-73) seen first on a padded step, 80 and 81 emitted on earlier ones
-    runner.batch({"z": [*z, 24, 25], "m": [*m, 35], "p": [70, 71, 72, 73, 80, 81]})
-    sampled = torch.tensor([[26, -1, -1, -1], [36, -1, -1, -1], [82, 83, -1, -1]])
-    runner.propose_draft_token_ids(SimpleNamespace(num_spec_tokens_to_schedule=3), sampled)
-    drafts = runner.step({"q": [70, 71, 72, 73, 80]}, [[80]])  # "p" ended
+    scheduled = SimpleNamespace(num_spec_tokens_to_schedule=3)
+    p = [70, 71, 72, 73]  # joins on a padded step
+    for emitted in ([80, 81], [82, 83]):
+        runner.batch({"z": [*z, 25], "m": [*m, 35], "p": p})
+        runner.propose_draft_token_ids(scheduled, _padded([26], [36], emitted))
+        p = [*p, *emitted]
+    runner.batch({"z": [*z, 25], "m": [*m, 35], "p": p})  # bookkeeping; "p" ends
+    drafts = runner.step({"q": [70, 71, 72, 73, 80]}, [[80]])
     assert history.kind("q") == "recurring" and drafts == [[81, 82, 83]]
+
+
+def test_a_request_that_leaves_the_batch_unfinished_keeps_its_response_open():
+    """A request vLLM takes out of the batch while it still runs (preempted, or not
+    scheduled this step) leaves its tokens in its prompt's tree, its response open; back,
+    it goes on with the same response, finished once it ends."""
+    runner, history = _hybrid(min_draft=1)
+    key = vllm_history.prompt_key(PROMPT)
+    finished = history.index.finished(key)  # "a"'s, from _hybrid
+    m = [30, 31, 32, 33, 34, 35]
+    runner.step({"b": [*PROMPT, 20], "m": m}, [[20], [35]])
+    runner.requests = {"b": [*PROMPT, 20, 21], "m": m}  # "b" preempted: still the runner's
+    runner.input_batch.hold({"m": m})
+    assert history.index.finished(key) == finished
+    runner.step({"b": [*PROMPT, 20, 21, 22], "m": [*m, 36]}, [[22], [36]])
+    runner.step({"m": [*m, 36, 37]}, [[37]])  # "b" ended
+    assert history.index.finished(key) == finished + 1
+    drafts = runner.step({"c": [*PROMPT, 20]}, [[20]])  # a sample of PROMPT after "b"
+    assert drafts[0][:2] == [21, 22]
 
 
 def test_an_idle_replica_takes_history_again_once_its_drafts_agree_on_the_padded_steps(monkeypatch):

@@ -3,9 +3,10 @@ proposer: vLLM's extension point for proposers of one's own (speculative_config 
 `custom_class`, the class named by its import path), no fork or patch of vLLM. vLLM
 verifies its drafts like n-gram's (deterministic drafts, rejection sampling): lossless.
 
-vLLM hands a custom proposer the batch's token ids only; which request a row is and where
-its prompt ends come from the model runner, which the worker extension attaches after
-the engine starts (`SpecrlWorkerExtension.specrl_attach_history`, with the history's
+vLLM hands a custom proposer the batch's token ids only; which request a row is, and its
+prompt, come from the model runner's input batch, whose requests are watched joining and
+leaving it from when the worker extension attaches the runner, after the engine starts
+and before it serves (`SpecrlWorkerExtension.specrl_attach_history`, with the history's
 settings). A prompt is known by a hash of its token ids, so a prompt that comes back (the
 next epoch, or the n samples of one request, which vLLM runs as n requests) finds its
 history on this replica.
@@ -66,9 +67,9 @@ better by chance on some of many requests; RL-Zero's first epoch, c=4 on the CPU
 took history's draft and every row's kind is idle, the replica also runs the next
 `hybrid.IDLE_PADDED_STEPS` steps on vLLM's padded drafter path (vLLM reads
 `disable_padded_drafter_batch` every step): the draft model drafts alone, before
-bookkeeping, as EAGLE-3 alone does, history's trees are extended from those steps'
-sampled tokens (`HistoryProposer.extend_sampled`), and the drafts offered in the
-unpadded step before them are scored against the first one's (left unscored, a replica
+bookkeeping, as EAGLE-3 alone does, history's trees take those steps' tokens when their
+requests next draft or leave the batch (`HistoryProposer._watch`), and the drafts offered
+in the unpadded step before them are scored against the first one's (left unscored, a replica
 idle at every step never took history's drafts again: a server kept across a run's
 epochs at c=64, RL-Zero on the CPU testbed, used none after its first). RL-Zero epoch 0,
 c=16 on the testbed: the unpadded path made the draft model's call ~12% longer,
@@ -132,9 +133,33 @@ class HistoryProposer:
         }
 
     def attach(self, runner: Any, settings: dict) -> None:
+        """Draft for `runner` (before it serves: its requests are seen joining its batch)."""
         self.runner = runner
         self.index = HistoryIndex(**settings)
         runner.specrl_history = self  # the worker extension ages it on policy updates
+        self._watch(runner.input_batch)
+
+    def _watch(self, batch: Any) -> None:
+        """A request is started when it joins vLLM's input batch (its kind known before it
+        drafts), and its tokens go into its prompt's tree when it drafts (`propose`) and
+        when its row leaves the batch, its response finished there if it ended. A step
+        that drafts nothing from history (vLLM's padded path: an idle replica's) costs
+        history nothing: extending the trees at every such step, from the sampled tokens,
+        made the hybrid 3-4% slower than EAGLE-3 alone at RL-Zero's epoch 0, c=4 on the CPU
+        testbed (0.13 ms of a 10 ms step, more in the model's steps around it; paired runs,
+        docs/draft.md)."""
+        add, remove = batch.add_request, batch.remove_request
+
+        def add_request(request: Any, *args: Any, **kwargs: Any) -> Any:
+            if request.req_id not in self._requests:  # not a preempted request coming back
+                self._requests[request.req_id] = self._start(request.req_id, request.prompt_token_ids)
+            return add(request, *args, **kwargs)
+
+        def remove_request(req_id: str, *args: Any, **kwargs: Any) -> Any:
+            self._leaving(req_id)
+            return remove(req_id, *args, **kwargs)
+
+        batch.add_request, batch.remove_request = add_request, remove_request
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         pass  # no model
@@ -153,73 +178,65 @@ class HistoryProposer:
         if self.runner is None:
             return [[] for _ in sampled_token_ids]
         batch = self.runner.input_batch
-        drafts: list[list[int]] = []
-        for i, sampled in enumerate(sampled_token_ids):
-            req_id = batch.req_ids[i] if i < len(batch.req_ids) else None
-            if req_id is None or not len(sampled):  # a partial prefill: nothing to follow yet
-                drafts.append([])
-                continue
-            n = int(num_tokens_no_spec[i])
-            key, seq, seen = self._requests.get(req_id) or self._start(req_id, i, token_ids_cpu)
-            if n > seen:  # the batch's int32 rows go to the native tree without a copy
-                self.index.extend(key, seq, token_ids_cpu[i, seen:n])
-            self._requests[req_id] = (key, seq, n)
+        live = [
+            i
+            for i, sampled in enumerate(sampled_token_ids)
+            if i < len(batch.req_ids) and len(sampled)  # a partial prefill: nothing to follow yet
+        ]
+        for i in live:  # every row first: a row drafts from its siblings' latest tokens too
+            self._catch_up(batch.req_ids[i], i, num_tokens_no_spec, token_ids_cpu)
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        for i in live:
             if i in skip:
-                drafts.append([])
                 continue
+            key, seq, n = self._requests[batch.req_ids[i]]
             k_row = min(self.k if k is None else k, self.max_model_len - n - 1)
             context = token_ids_cpu[i, max(0, n - self.index.max_depth - 1) : n]
-            drafts.append(self.index.propose(key, seq, context, k_row, min_depth))
-        self._finish_ended()
+            drafts[i] = self.index.propose(key, seq, context, k_row, min_depth)
         return drafts
 
-    def begin(self, rows: Collection[int], token_ids_cpu) -> None:
-        """Start the requests of batch `rows` not seen yet, so that their kind is known
-        before they draft (the requests that ended first: their responses are finished)."""
-        self._finish_ended()
+    def _catch_up(self, req_id: str, row: int, num_tokens, token_ids_cpu) -> None:
+        """The tokens of `req_id` (batch row `row`) its tree does not hold yet go into it
+        (the batch's int32 rows go to the native tree without a copy)."""
+        key, seq, seen = self._requests[req_id]
+        n = int(num_tokens[row])
+        if n > seen:
+            self.index.extend(key, seq, token_ids_cpu[row, seen:n])
+            self._requests[req_id] = (key, seq, n)
+
+    def _leaving(self, req_id: str) -> None:
+        """`req_id`'s row leaves the batch (vLLM removes it; its row holds its tokens till
+        then): its tokens are caught up, and where it ended (gone from the runner's
+        requests; not preempted or unscheduled) its response is finished."""
+        if req_id not in self._requests:
+            return
         batch = self.runner.input_batch
-        for i in rows:
-            if batch.req_ids[i] not in self._requests:
-                self._requests[batch.req_ids[i]] = self._start(batch.req_ids[i], i, token_ids_cpu)
+        row = batch.req_id_to_index.get(req_id)
+        if row is not None:
+            self._catch_up(req_id, row, batch.num_tokens_no_spec, batch.token_ids_cpu)
+        if req_id not in self.runner.requests:
+            key, seq, _ = self._requests.pop(req_id)
+            self.index.finish(key, seq)
+            self._recurring.discard(req_id)
 
     def kind(self, req_id: str) -> str:
         """ "recurring" where the request's prompt had finished responses when it began,
         else "fresh" (hybrid.KINDS)."""
         return "recurring" if req_id in self._recurring else "fresh"
 
-    def extend_sampled(self, sampled: Any) -> list[tuple[str, list[int], int]]:
-        """A step on vLLM's padded drafter path, before its bookkeeping: each request's row
-        of `sampled` (the step's sampled tokens, -1 past those accepted) extends its tree,
-        its last step's included (a request that ends is gone from the batch by its next
-        step). A request first seen here is started, with the tokens of its earlier steps:
-        on an idle replica a response may run on the padded path from its first step to its
-        last, and unrecorded it is no history for its prompt's next epoch. A row vLLM
-        discards (a partial prefill) adds nothing. Returns what each request emitted: (its
-        id, the tokens, its tokens now)."""
+    def emitted(self, sampled: Any) -> list[tuple[str, list[int], int]]:
+        """What each request emitted in a step on vLLM's padded drafter path, before its
+        bookkeeping, from `sampled` (the step's sampled tokens, -1 past those accepted):
+        (its id, the tokens, its tokens now); a row vLLM discards (a partial prefill)
+        emitted nothing."""
         batch = self.runner.input_batch
         discard = self.runner.discard_request_mask.np
-        emitted = []
+        out = []
         for i, row in enumerate(sampled.tolist()):
-            req_id = batch.req_ids[i] if i < len(batch.req_ids) else None
             tokens = [t for t in row if t >= 0]
-            if req_id is None or discard[i] or not tokens:
-                continue
-            key, seq, seen = self._requests.get(req_id) or self._start(req_id, i, batch.token_ids_cpu)
-            n = int(batch.num_tokens_no_spec[i])  # before this step's tokens
-            if n > seen:  # a request first seen here: its earlier steps' tokens
-                self.index.extend(key, seq, batch.token_ids_cpu[i, seen:n])
-                seen = n
-            self.index.extend(key, seq, tokens)
-            self._requests[req_id] = (key, seq, seen + len(tokens))
-            emitted.append((req_id, tokens, seen + len(tokens)))
-        return emitted
-
-    def _finish_ended(self) -> None:
-        # ended (the runner's requests: one not scheduled this step is out of the batch only)
-        for req_id in self._requests.keys() - self.runner.requests.keys():
-            key, seq, _ = self._requests.pop(req_id)
-            self.index.finish(key, seq)
-            self._recurring.discard(req_id)
+            if i < len(batch.req_ids) and not discard[i] and tokens:
+                out.append((batch.req_ids[i], tokens, int(batch.num_tokens_no_spec[i]) + len(tokens)))
+        return out
 
     def seed(self, prompt: list[int], responses: list[list[int]]) -> None:
         """Earlier responses to `prompt`, from elsewhere (Prompt.history), as finished
@@ -230,14 +247,11 @@ class HistoryProposer:
             self.index.extend(key, seq, response)
             self.index.finish(key, seq)
 
-    def _start(self, req_id: str, row: int, token_ids_cpu) -> tuple[bytes, int, int]:
-        index = self.runner.input_batch.req_id_to_index[req_id]
-        prompt_len = int(self.runner.input_batch.num_prompt_tokens[index])
-        prompt = token_ids_cpu[row, :prompt_len]
+    def _start(self, req_id: str, prompt: Any) -> tuple[bytes, int, int]:
         key = prompt_key(prompt)
         if self.index.finished(key):
             self._recurring.add(req_id)
-        return key, self.index.start(key, prompt), prompt_len
+        return key, self.index.start(key, prompt), len(prompt)
 
 
 def prompt_key(prompt: Any) -> bytes:
@@ -325,14 +339,17 @@ def install_hybrid(
     def padded_step(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
         """A step of an idle replica on vLLM's padded path: the draft model's drafts
         alone; the path goes back to unpadded once the last such step has drafted. The
-        drafts offered in the unpadded step before it are scored against what this step
-        emitted: unscored, history's would never be taken again on a replica idle at
-        every step (a first epoch's), whatever a later epoch's history offers."""
+        drafts offered in the unpadded step before it are scored against what the first
+        such step emitted: unscored, history's would never be taken again on a replica
+        idle at every step (a first epoch's), whatever a later epoch's history offers.
+        History's trees take these steps' tokens when their requests next draft or leave
+        the batch (HistoryProposer._watch)."""
         nonlocal padded_left, returned_at
-        for req, emitted, at in history.extend_sampled(sampled_token_ids):
-            scores.of(req).score(req, emitted, at)
-            realize(req, emitted)
-        drafted.clear()  # a row discarded here (a partial prefill) emitted nothing after its draft
+        if drafted:  # the first padded step after an unpadded one
+            for req, emitted, at in history.emitted(sampled_token_ids):
+                scores.of(req).score(req, emitted, at)
+                realize(req, emitted)
+            drafted.clear()  # a row discarded here (a partial prefill) emitted nothing after its draft
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)
         drafts = propose_model(_scheduled_for(scheduler_output, k), sampled_token_ids, *args, **kwargs)
         history.rows["padded"] += 1
@@ -361,7 +378,6 @@ def install_hybrid(
         # a request whose history drafts have not been taken for a while is looked up, and
         # its drafts offered for scoring, only now and then (hybrid.QUIET_AFTER); a new
         # one too where its kind's rows seldom take history's draft (TakenShare.idle)
-        history.begin(live, batch.token_ids_cpu)
         for i in live:
             quiet.setdefault(batch.req_ids[i], scores.share(batch.req_ids[i]).quiet_start())
         skip = {i for i in live if not looks_up(quiet[batch.req_ids[i]])}
