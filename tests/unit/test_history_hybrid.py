@@ -53,7 +53,6 @@ class _InputBatch:
         for i, seq in enumerate(rows.values()):
             self.token_ids_cpu[i, : len(seq)] = seq
         self.num_tokens_no_spec = np.array([len(s) for s in rows.values()])
-        self.num_prompt_tokens = np.array([len(PROMPT)] * len(rows))
         new = [r for r in rows if r not in self.req_ids]
         self.req_ids = list(rows)
         self.req_id_to_index = {r: i for i, r in enumerate(rows)}

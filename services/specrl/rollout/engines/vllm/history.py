@@ -145,8 +145,8 @@ class HistoryProposer:
         when its row leaves the batch, its response finished there if it ended. A step
         that drafts nothing from history (vLLM's padded path: an idle replica's) costs
         history nothing: extending the trees at every such step, from the sampled tokens,
-        made the hybrid 3-4% slower than EAGLE-3 alone at RL-Zero's epoch 0, c=4 on the CPU
-        testbed (0.13 ms of a 10 ms step, more in the model's steps around it; paired runs,
+        made the hybrid 3-5% slower than EAGLE-3 alone at RL-Zero's epoch 0, c=4 on the CPU
+        testbed (0.08-0.13 ms of a 10 ms step, more in the steps around it; paired runs,
         docs/draft.md)."""
         add, remove = batch.add_request, batch.remove_request
 
