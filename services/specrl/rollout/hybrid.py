@@ -26,6 +26,7 @@ a while.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -86,7 +87,16 @@ IDLE_PADDED_STEPS = 15
 # and disappoint (the maximum of two noisy estimates is biased up): at RL-Zero's epoch 0,
 # c=4 on the CPU testbed, rows that took history's (siblings') drafts emitted 2.8-3.0
 # tokens against the draft model's rows' 3.6 (logged ad hoc), the hybrid 3.44-3.59
-# tokens a step against EAGLE-3 alone's 3.70-3.72; 3.69-3.70 with this check.
+# tokens a step against EAGLE-3 alone's 3.70-3.72; 3.69-3.70 with this check. A row
+# that took history's draft counts as its step's seconds over a step of vLLM's padded
+# path (StepCosts.relative), the draft model's rows as one: tokens per second against
+# what the replica runs without history (the padded path, as EAGLE-3 alone does), not
+# per row. A step that looks history up runs on the unpadded path, and at RL-Think's
+# second epoch, c=4 on the testbed, such steps took 9.1-9.2 ms against a padded step's
+# 8.2, history's drafts alone included (a row 3.1 tokens, a padded one 3.4; engine steps
+# logged ad hoc): counted per row, history's rows read 3.19 tokens against the model's
+# 3.34 over 600 steps before the kind closed, and the hybrid ran 0.90-0.96x EAGLE-3
+# alone (history alone 0.82-0.85x).
 REALIZED_DECAY = 0.98
 REALIZED_ROWS = 16.0
 RETRY_AFTER = 256
@@ -129,20 +139,31 @@ def agreed(draft: Sequence[int], emitted: Sequence[int]) -> int:
     return n
 
 
+@dataclass
+class Prior:
+    """A source's scores over a replica's requests, where a new request's start
+    (PRIOR_DECAY): its tokens agreed, and its (agreed, refused) draft tokens."""
+
+    score: float = 0.0
+    runs: list[float] = field(default_factory=lambda: [0.0, 0.0])
+
+
 class SourceScores:
     """Per request, a moving average of the tokens each source's drafts agreed with the
     tokens emitted after them, and each source's acceptance rate per draft position (its
     own tokens agreed over those agreed and those refused: the estimate of a geometric
     rate from censored runs, a run cut by the tokens emitted or the draft's end refusing
-    nothing); the replica's own over every request as the start. An offer is scored only
+    nothing); the replica's own over every request as the start (`priors`, per source:
+    a Prior, shared with another kind's scores or its own). An offer is scored only
     against the step right after it (`at`: the request's tokens when it was offered; a
     step the drafter skipped would misalign them)."""
 
-    def __init__(self, measured: dict[str, int] | None = None) -> None:
-        self.prior = dict.fromkeys(SOURCES, 0.0)
+    def __init__(
+        self, measured: dict[str, int] | None = None, priors: dict[str, Prior] | None = None
+    ) -> None:
+        self.priors = priors or {source: Prior() for source in SOURCES}
         # drafts scored, over the replica (`measured`: shared with other kinds' scores)
         self.measured = dict.fromkeys(SOURCES, 0) if measured is None else measured
-        self.prior_runs = {source: [0.0, 0.0] for source in SOURCES}  # (agreed, refused)
         self._scores: dict[str, dict[str, float]] = {}
         self._runs: dict[str, dict[str, list[float]]] = {}
         self._offered: dict[str, tuple[int, dict[str, tuple[list[int], int]]]] = {}
@@ -162,17 +183,18 @@ class SourceScores:
         drafts = offered[1]
         scores, runs = self._scores.get(req), self._runs.get(req)
         if scores is None:
-            scores = self._scores[req] = dict(self.prior)
+            scores = self._scores[req] = self.prior
         if runs is None:
-            runs = self._runs[req] = {s: [RUN_START * v for v in self.prior_runs[s]] for s in SOURCES}
+            runs = self._runs[req] = {s: [RUN_START * v for v in self.priors[s].runs] for s in SOURCES}
         for source, (draft, own) in drafts.items():
             n = agreed(draft, emitted)
+            prior = self.priors[source]
             scores[source] = DECAY * scores[source] + (1 - DECAY) * n
-            self.prior[source] = PRIOR_DECAY * self.prior[source] + (1 - PRIOR_DECAY) * n
+            prior.score = PRIOR_DECAY * prior.score + (1 - PRIOR_DECAY) * n
             self.measured[source] += 1
             seen = min(own, len(emitted))  # its own positions the tokens emitted cover
             run = (min(n, own), float(n < seen))
-            for total, decay in ((runs[source], RUN_DECAY), (self.prior_runs[source], PRIOR_DECAY)):
+            for total, decay in ((runs[source], RUN_DECAY), (prior.runs, PRIOR_DECAY)):
                 total[:] = [decay * t + x for t, x in zip(total, run)]
             if source in self._depth:
                 self._score_depth(req, source, n, seen)
@@ -206,15 +228,20 @@ class SourceScores:
             self._offered[req] = offered_at, drafts = at, {}
         drafts[source] = list(draft), len(draft) if own is None else own
 
+    @property
+    def prior(self) -> dict[str, float]:
+        """Each source's tokens agreed over the replica's requests (a new request's)."""
+        return {source: prior.score for source, prior in self.priors.items()}
+
     def expected(self, req: str) -> dict[str, float]:
         """Tokens each source's next draft for `req` is expected to have accepted."""
-        return self._scores.get(req, self.prior)
+        return self._scores.get(req) or self.prior
 
     def acceptance(self, req: str, source: str) -> float:
         """The rate at which `source`'s draft tokens are accepted on `req`, position by
         position (0 before any was scored)."""
         runs = self._runs.get(req)
-        agreed_, refused = runs[source] if runs else self.prior_runs[source]
+        agreed_, refused = runs[source] if runs else self.priors[source].runs
         return agreed_ / (agreed_ + refused) if agreed_ + refused else 0.0
 
     def position_acceptance(self, req: str, source: str, longest: int) -> list[float]:
@@ -259,22 +286,23 @@ class SourceScores:
 
 class Realized:
     """What a kind's rows emitted, per source of the draft they took: exponentially
-    weighted tokens a row over rows (REALIZED_DECAY). Where history's rows emitted fewer
-    than the draft model's, each over REALIZED_ROWS rows at least, the kind is closed to
-    history's drafts for RETRY_AFTER steps (its requests' own scores read history better
-    by chance: see REALIZED_DECAY), then opened with history's rows forgotten, to be
-    measured again."""
+    weighted tokens a row over rows (REALIZED_DECAY), each row of history's counted as
+    its step's seconds over a padded step's (REALIZED_DECAY's comment). Where history's
+    rows emitted fewer than the draft model's, each over REALIZED_ROWS rows at least, the
+    kind is closed to history's drafts for RETRY_AFTER steps (its requests' own scores
+    read history better by chance: see REALIZED_DECAY), then opened with history's rows
+    forgotten, to be measured again."""
 
     def __init__(self) -> None:
         self.tokens = dict.fromkeys(SOURCES, 0.0)
         self.rows = dict.fromkeys(SOURCES, 0.0)
         self.closed_for = 0  # steps left closed
 
-    def observe(self, source: str, emitted: int) -> None:
-        """A row drafted by `source` emitted `emitted` tokens (closing the kind where
-        history's rows now read worse)."""
+    def observe(self, source: str, emitted: int, cost: float = 1.0) -> None:
+        """A row drafted by `source` emitted `emitted` tokens in a step that cost `cost`
+        of a padded step (closing the kind where history's rows now read worse)."""
         self.tokens[source] = REALIZED_DECAY * self.tokens[source] + emitted
-        self.rows[source] = REALIZED_DECAY * self.rows[source] + 1.0
+        self.rows[source] = REALIZED_DECAY * self.rows[source] + cost
         if (
             self.open
             and min(self.rows.values()) >= REALIZED_ROWS
@@ -300,12 +328,18 @@ class Realized:
 
 class ByKind:
     """SourceScores, TakenShare and Realized per kind of request (KINDS), `kind_of`
-    telling a request's; whether the draft model was ever measured is the replica's."""
+    telling a request's; whether the draft model was ever measured is the replica's, and
+    so are its scores where a request starts (one Prior: it drafts a request alike
+    whatever its prompt's history). With a prior of its own per kind, a server kept into
+    a run's second epoch started its recurring requests with the model's score at 0 and
+    took history's drafts at a tie of nothing (RL-Think, c=4 on the CPU testbed: 0.91x
+    EAGLE-3 alone at the second epoch, where history alone ran 0.85x; logged ad hoc)."""
 
     def __init__(self, kind_of: Callable[[str], str], idle_share: float = 0.1) -> None:
         self.kind_of = kind_of
         measured = dict.fromkeys(SOURCES, 0)
-        self.scores = {kind: SourceScores(measured) for kind in KINDS}
+        model = Prior()
+        self.scores = {kind: SourceScores(measured, {"history": Prior(), "model": model}) for kind in KINDS}
         self.shares = {kind: TakenShare(idle_share) for kind in KINDS}
         self.realized = {kind: Realized() for kind in KINDS}
         self.measured = measured
@@ -359,6 +393,12 @@ class StepCosts:
     def __init__(self) -> None:
         self.rest: float | None = None
         self.draft: dict[str, float | None] = {"full": None, "first_pass": None, "no_pass": None}
+        # a whole step's seconds, one proposal to the next, by the path of its drafts
+        # ("padded": vLLM's padded path, the draft model's drafts alone; or one of `draft`'s)
+        self.whole: dict[str, float | None] = dict.fromkeys(("padded", *self.draft))
+
+    def observe_whole(self, path: str, seconds: float) -> None:
+        self.whole[path] = _ema(self.whole[path], seconds)
 
     def observe(self, path: str, draft_s: float, rest_s: float | None) -> None:
         self.draft[path] = _ema(self.draft[path], draft_s)
@@ -384,6 +424,12 @@ class StepCosts:
         if first is None or full is None or rest_first is None or rest_full is None:
             return True
         return tokens_first_pass / (rest_first + first) >= tokens_full / (rest_full + full)
+
+    def relative(self, path: str) -> float:
+        """A whole step's seconds on `path` over one on vLLM's padded path (1.0 while
+        either is untimed)."""
+        step, padded = self.whole[path], self.whole["padded"]
+        return step / padded if step is not None and padded is not None else 1.0
 
 
 class Line(NamedTuple):

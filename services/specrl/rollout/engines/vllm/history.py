@@ -60,8 +60,9 @@ finished responses when they began (an earlier epoch's, or carried), and fresh (
 prompt and its siblings only). Where few of a kind's rows take history's drafts
 (`history.hybrid_idle_share`: a first epoch, new prompts) a new request of that kind
 starts so, looked up on its first step. Where a kind's rows that took history's drafts
-emitted fewer tokens a row than its rows the draft model drafted, none of its rows takes
-history's drafts for a while (`hybrid.Realized`: a request's own scores read history
+emitted fewer tokens a row than its rows the draft model drafted (a row of history's
+counted at its step's seconds over a padded step's: tokens per second), none of its rows
+takes history's drafts for a while (`hybrid.Realized`: a request's own scores read history
 better by chance on some of many requests; RL-Zero's first epoch, c=4 on the CPU testbed:
 3.4-3.6 tokens a step against EAGLE-3 alone's 3.7, 3.7 with it). In a step where no row
 took history's draft and every row's kind is idle, the replica also runs the next
@@ -328,13 +329,24 @@ def install_hybrid(
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
     last: tuple[set[str], int, int] = (set(), 0, 0)  # the last step's requests, rows, tokens to verify
-    drafted: dict[str, str] = {}  # per request: the source of its last unpadded step's draft
+    # per request: the source of its last unpadded step's draft, and what its row costs
+    # (Realized: history's, its step's seconds over a padded step's; the model's, 1)
+    drafted: dict[str, tuple[str, float]] = {}
+    clock: tuple[str, float, set[str]] | None = None  # the last step's path, proposal time, requests
+
+    def clocked(path: str, at: float, req_ids: list[str]) -> None:
+        """A step on `path` proposes at `at`: the step before it took until then, where a
+        request carried over (StepCosts.whole)."""
+        nonlocal clock
+        if clock is not None and not clock[2].isdisjoint(req_ids):
+            costs.observe_whole(clock[0], at - clock[1])
+        clock = path, at, set(req_ids)
 
     def realize(req: str, emitted: Any) -> None:
         """What `req` emitted after its last unpadded step's draft, for its kind (Realized)."""
-        source = drafted.pop(req, None)
-        if source is not None:
-            scores.realized[history.kind(req)].observe(source, len(emitted))
+        if req in drafted:
+            source, cost = drafted.pop(req)
+            scores.realized[history.kind(req)].observe(source, len(emitted), cost)
 
     def padded_step(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
         """A step of an idle replica on vLLM's padded path: the draft model's drafts
@@ -345,6 +357,7 @@ def install_hybrid(
         History's trees take these steps' tokens when their requests next draft or leave
         the batch (HistoryProposer._watch)."""
         nonlocal padded_left, returned_at
+        clocked("padded", time.perf_counter(), runner.input_batch.req_ids)
         if drafted:  # the first padded step after an unpadded one
             for req, emitted, at in history.emitted(sampled_token_ids):
                 scores.of(req).score(req, emitted, at)
@@ -365,10 +378,11 @@ def install_hybrid(
             return padded_step(scheduler_output, sampled_token_ids, *args, **kwargs)
         called_at = time.perf_counter()
         batch = runner.input_batch
+        req_ids = batch.req_ids  # each row's request (a property of vLLM's batch: read once)
         # the step's time outside the drafters, where a request carried over from the last
         # (otherwise the engine may have idled in between: between a bench's rounds,
         # seconds that no step cost)
-        carried = returned_at is not None and not last[0].isdisjoint(batch.req_ids)
+        carried = returned_at is not None and not last[0].isdisjoint(req_ids)
         rest_s = called_at - returned_at if carried else None
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)  # the draft model's
         longest = k + history.k - model_k if k else 0  # history's, past the model's if allowed
@@ -379,8 +393,8 @@ def install_hybrid(
         # its drafts offered for scoring, only now and then (hybrid.QUIET_AFTER); a new
         # one too where its kind's rows seldom take history's draft (TakenShare.idle)
         for i in live:
-            quiet.setdefault(batch.req_ids[i], scores.share(batch.req_ids[i]).quiet_start())
-        skip = {i for i in live if not looks_up(quiet[batch.req_ids[i]])}
+            quiet.setdefault(req_ids[i], scores.share(req_ids[i]).quiet_start())
+        skip = {i for i in live if not looks_up(quiet[req_ids[i]])}
         found = history.propose(
             sampled_token_ids,
             batch.num_tokens_no_spec,
@@ -395,19 +409,17 @@ def install_hybrid(
                 del streaks[req]
         at = {i: int(batch.num_tokens_no_spec[i]) for i in live}
         for i in live:
-            scores.of(batch.req_ids[i]).score(batch.req_ids[i], sampled_token_ids[i], at[i])
-            realize(batch.req_ids[i], sampled_token_ids[i])
+            scores.of(req_ids[i]).score(req_ids[i], sampled_token_ids[i], at[i])
+            realize(req_ids[i], sampled_token_ids[i])
         drafted.clear()  # a request not in this step emitted nothing after its draft
-        candidates = {i for i in live if len(found[i]) >= min_draft and scores.open(batch.req_ids[i])}
-        chosen = [
-            i for i in sorted(candidates) if scores.of(batch.req_ids[i]).prefers_history(batch.req_ids[i])
-        ]
+        candidates = {i for i in live if len(found[i]) >= min_draft and scores.open(req_ids[i])}
+        chosen = [i for i in sorted(candidates) if scores.of(req_ids[i]).prefers_history(req_ids[i])]
         takes_history = set(chosen)
         # a request that took history's draft `leave_out_after` steps in a row is left out
         # of the draft model's passes while history keeps it (drafter_rows.py)
         left_out: set[int] = set()
         if drafter_rows is not None:
-            left_out = {i for i in chosen if alone.get(batch.req_ids[i], 0) >= leave_out_after}
+            left_out = {i for i in chosen if alone.get(req_ids[i], 0) >= leave_out_after}
         # tokens each row is expected to emit: without the model's positions, history's
         # draft or none (a row without a candidate emits its one sampled token); with them,
         # the draft of the source it takes (not the better of the two expectations: their
@@ -426,10 +438,10 @@ def install_hybrid(
         accept = {
             i: scores.of(req).position_acceptance(req, "history", len(found[i]))
             for i in candidates
-            for req in [batch.req_ids[i]]
+            for req in [req_ids[i]]
         }
         own = {i: sum(accept[i]) for i in candidates}
-        model = {i: scores.of(batch.req_ids[i]).expected(batch.req_ids[i])["model"] for i in live}
+        model = {i: scores.of(req_ids[i]).expected(req_ids[i])["model"] for i in live}
         tokens_first_pass = sum(1 + own[i] for i in candidates) + len(live) - len(candidates)
         tokens_full = sum(1 + (own[i] if i in takes_history else m) for i, m in model.items())
         # each path's seconds outside the draft model at the tokens it verifies (history's
@@ -445,8 +457,8 @@ def install_hybrid(
         # only, and where there are none the step costs about what history alone does
         alone_out = left_out
         if drafter_rows is not None:
-            alone_out = left_out | {i for i in candidates if batch.req_ids[i] in alone}
-        alone_path = "no_pass" if len(alone_out) == len(batch.req_ids) else "first_pass"
+            alone_out = left_out | {i for i in candidates if req_ids[i] in alone}
+        alone_path = "no_pass" if len(alone_out) == len(req_ids) else "first_pass"
         first_pass_only = (
             k > 0
             and bool(candidates - left_out)
@@ -457,7 +469,7 @@ def install_hybrid(
         if first_pass_only:
             left_out = alone_out
         if drafter_rows is not None:
-            drafter_rows.left_out = {batch.req_ids[i] for i in left_out}
+            drafter_rows.left_out = {req_ids[i] for i in left_out}
         path = alone_path if first_pass_only else "full"
         # how far each row that takes history's draft drafts: to the model's k, or past it
         # where the positions' expected acceptance pays for verifying them (draft_lengths)
@@ -485,7 +497,7 @@ def install_hybrid(
             history.rows["history"] += len(candidates)
             history.rows["first_pass_only"] += 1
             for i in candidates:
-                scores.of(batch.req_ids[i]).offer(batch.req_ids[i], "history", found[i], at[i])
+                scores.of(req_ids[i]).offer(req_ids[i], "history", found[i], at[i])
             # ragged, as n-gram's: vLLM verifies each row's draft as long as it is; a row
             # without a candidate drafts nothing (as the expected tokens above count it)
             drafts = [found[i] if i in candidates else [] for i in range(len(found))]
@@ -495,7 +507,7 @@ def install_hybrid(
             first_forward.ended = None
             started = time.perf_counter()
             drafts = propose_model(scheduler_output, sampled_token_ids, *args, **kwargs)
-            if len(left_out) < len(batch.req_ids):  # a row the draft model's passes ran over
+            if len(left_out) < len(req_ids):  # a row the draft model's passes ran over
                 costs.observe("full", time.perf_counter() - started, rest_s)
                 if first_forward.ended is not None:  # its first pass, as history alone's (FirstForward)
                     costs.observe("first_pass", first_forward.ended - started, None)
@@ -508,27 +520,29 @@ def install_hybrid(
             history.rows["history"] += len(chosen)
             history.rows["model"] += len(live) - len(chosen)
             for i in set(live) - left_out - skip:  # a row left out has no draft of the model's
-                scores.of(batch.req_ids[i]).offer(batch.req_ids[i], "model", drafts[i], at[i])
+                scores.of(req_ids[i]).offer(req_ids[i], "model", drafts[i], at[i])
             for i in candidates:  # history's draft, the model's after it: what would be verified
                 row = found[i] + (drafts[i][len(found[i]) :] if i not in left_out else [])
-                scores.of(batch.req_ids[i]).offer(batch.req_ids[i], "history", row, at[i], own=len(found[i]))
+                scores.of(req_ids[i]).offer(req_ids[i], "history", row, at[i], own=len(found[i]))
                 if i in takes_history:
                     drafts[i] = row
         history.rows["long_drafts"] += any(len(row) > k for row in drafts)  # past the model's k
         history.rows["left_out"] += len(left_out)
         took = candidates if first_pass_only else takes_history
+        cost = costs.relative(path)
         for i in live:
             if drafts[i]:
-                drafted[batch.req_ids[i]] = "history" if i in took else "model"
+                drafted[req_ids[i]] = ("history", cost) if i in took else ("model", 1.0)
         for i in live:
-            req = batch.req_ids[i]
+            req = req_ids[i]
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
             quiet[req] = 0 if i in took else quiet[req] + 1
-        scores.observe({batch.req_ids[i] for i in took}, [batch.req_ids[i] for i in live])
-        if spec_config is not None and not took and scores.idle([batch.req_ids[i] for i in live]):
+        scores.observe({req_ids[i] for i in took}, [req_ids[i] for i in live])
+        if spec_config is not None and not took and scores.idle([req_ids[i] for i in live]):
             padded_left = IDLE_PADDED_STEPS  # the next steps on vLLM's padded path (module docstring)
             spec_config.disable_padded_drafter_batch = False
-        last = set(batch.req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
+        last = set(req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
+        clocked(path, called_at, req_ids)
         returned_at = time.perf_counter()
         return drafts
 
