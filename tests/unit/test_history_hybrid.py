@@ -170,58 +170,6 @@ def test_a_closed_kind_measures_history_afresh_after_retry_after_steps():
     assert realized.open
 
 
-def test_a_history_row_counts_for_its_kind_at_its_steps_cost_over_a_padded_steps():
-    """Realized weighs history's rows by their steps' cost over a padded step's: rows
-    emitting 3 tokens on steps that cost 0.8 of one (3.75 a padded step's worth) beat the
-    model's rows emitting 3.5; on steps that cost as much as a padded one they do not."""
-    for cost, closed in ((0.8, False), (1.0, True)):
-        realized = Realized()
-        for n in range(20):
-            realized.observe("history", 3, cost)
-            realized.observe("model", 3 + n % 2)
-        assert realized.open is not closed
-    costs = StepCosts()
-    assert costs.relative("no_pass") == 1.0  # not timed: as a padded step
-    costs.observe_whole("no_pass", 0.0092)
-    assert costs.relative("no_pass") == 1.0  # the padded path not timed either
-    costs.observe_whole("padded", 0.008)
-    assert costs.relative("no_pass") == pytest.approx(1.15) and costs.relative("full") == 1.0
-
-
-@pytest.mark.parametrize(("alone", "cost"), [(True, 0.6), (False, 1.2)])
-def test_a_rows_cost_goes_with_its_tokens_to_its_kind(monkeypatch, alone, cost):
-    """The cost a row of history's is counted at (Realized) is its step's over a padded
-    step's (StepCosts.relative): a step of history alone's, or one with the draft
-    model's positions; a row of the model's counts as one."""
-    monkeypatch.setattr(StepCosts, "first_pass_pays", lambda self, *tokens_and_rest: alone)
-    monkeypatch.setattr(StepCosts, "relative", lambda self, path: 1.2 if path == "full" else 0.6)
-    seen = []
-    monkeypatch.setattr(Realized, "observe", lambda self, *row: seen.append(row))
-    runner, _ = _hybrid(min_draft=2)
-    seen.clear()
-    c = [20, 21, 22, 23, 24]  # a prompt history never saw: the model's draft, or none
-    assert runner.step({"b": [*PROMPT, 5, 6], "c": c}, [[6], [24]])[0][:2] == [7, 8]
-    runner.step({"b": [*PROMPT, 5, 6, 7, 8, 9], "c": [*c, 25]}, [[7, 8, 9], [25]])
-    assert seen == [("history", 3, cost)] + ([] if alone else [("model", 1, 1.0)])
-
-
-def test_each_paths_whole_step_is_timed_from_one_proposal_to_the_next(monkeypatch):
-    """StepCosts.whole: a step's seconds from its proposal to the next one's, by its
-    path (vLLM's padded path or the hybrid's own), where a request carried over; after
-    a step whose requests all ended the engine may have idled: nothing is timed."""
-    timed = []
-    monkeypatch.setattr(StepCosts, "observe_whole", lambda self, path, seconds: timed.append(path))
-    runner, _ = _idle_hybrid(monkeypatch)
-    z, m = [20, 21, 22, 23, 24, 25], [30, 31, 32, 33, 34, 35]
-    runner.step({"z": z[:-1], "m": m[:-1]}, [[24], [34]])
-    runner.step({"z": z, "m": m}, [[25], [35]])  # the replica idle: padded steps next
-    scheduled = SimpleNamespace(num_spec_tokens_to_schedule=runner.engine_k)
-    for rows in ({"z": z, "m": m}, {"z": z, "m": m}, {"q": [40, 41, 42]}):
-        runner.batch(rows)
-        runner.propose_draft_token_ids(scheduled, _padded(*([1] for _ in rows)))
-    assert timed == ["full", "full", "padded"]
-
-
 def test_every_kind_starts_from_the_draft_models_scores_over_the_replica():
     """The draft model's scores where a request starts are the replica's (it drafts a
     request alike whatever its prompt's history); history's are its kind's. A recurring

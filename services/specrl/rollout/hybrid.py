@@ -87,16 +87,12 @@ IDLE_PADDED_STEPS = 15
 # and disappoint (the maximum of two noisy estimates is biased up): at RL-Zero's epoch 0,
 # c=4 on the CPU testbed, rows that took history's (siblings') drafts emitted 2.8-3.0
 # tokens against the draft model's rows' 3.6 (logged ad hoc), the hybrid 3.44-3.59
-# tokens a step against EAGLE-3 alone's 3.70-3.72; 3.69-3.70 with this check. A row
-# that took history's draft counts as its step's seconds over a step of vLLM's padded
-# path (StepCosts.relative), the draft model's rows as one: tokens per second against
-# what the replica runs without history (the padded path, as EAGLE-3 alone does), not
-# per row. A step that looks history up runs on the unpadded path, and at RL-Think's
-# second epoch, c=4 on the testbed, such steps took 9.1-9.2 ms against a padded step's
-# 8.2, history's drafts alone included (a row 3.1 tokens, a padded one 3.4; engine steps
-# logged ad hoc): counted per row, history's rows read 3.19 tokens against the model's
-# 3.34 over 600 steps before the kind closed, and the hybrid ran 0.90-0.96x EAGLE-3
-# alone (history alone 0.82-0.85x).
+# tokens a step against EAGLE-3 alone's 3.70-3.72; 3.69-3.70 with this check. Rows are
+# counted alike whatever their step cost: weighing a history row by its step's whole
+# seconds over a padded step's (tried, 62504c6) closed the kind at c=64 from RL-Zero's
+# second epoch, where history's rows emit ~6.5 tokens against the model's 3.7 (the
+# hybrid's acceptance fell from 6.2-6.6 to 4.4-4.8 tokens a step; a full batch's step
+# timed against padded steps of every size, the tail's few-row ones included).
 REALIZED_DECAY = 0.98
 REALIZED_ROWS = 16.0
 RETRY_AFTER = 256
@@ -286,23 +282,22 @@ class SourceScores:
 
 class Realized:
     """What a kind's rows emitted, per source of the draft they took: exponentially
-    weighted tokens a row over rows (REALIZED_DECAY), each row of history's counted as
-    its step's seconds over a padded step's (REALIZED_DECAY's comment). Where history's
-    rows emitted fewer than the draft model's, each over REALIZED_ROWS rows at least, the
-    kind is closed to history's drafts for RETRY_AFTER steps (its requests' own scores
-    read history better by chance: see REALIZED_DECAY), then opened with history's rows
-    forgotten, to be measured again."""
+    weighted tokens a row over rows (REALIZED_DECAY). Where history's rows emitted fewer
+    than the draft model's, each over REALIZED_ROWS rows at least, the kind is closed to
+    history's drafts for RETRY_AFTER steps (its requests' own scores read history better
+    by chance: see REALIZED_DECAY), then opened with history's rows forgotten, to be
+    measured again."""
 
     def __init__(self) -> None:
         self.tokens = dict.fromkeys(SOURCES, 0.0)
         self.rows = dict.fromkeys(SOURCES, 0.0)
         self.closed_for = 0  # steps left closed
 
-    def observe(self, source: str, emitted: int, cost: float = 1.0) -> None:
-        """A row drafted by `source` emitted `emitted` tokens in a step that cost `cost`
-        of a padded step (closing the kind where history's rows now read worse)."""
+    def observe(self, source: str, emitted: int) -> None:
+        """A row drafted by `source` emitted `emitted` tokens (closing the kind where
+        history's rows now read worse)."""
         self.tokens[source] = REALIZED_DECAY * self.tokens[source] + emitted
-        self.rows[source] = REALIZED_DECAY * self.rows[source] + cost
+        self.rows[source] = REALIZED_DECAY * self.rows[source] + 1.0
         if (
             self.open
             and min(self.rows.values()) >= REALIZED_ROWS
@@ -393,12 +388,6 @@ class StepCosts:
     def __init__(self) -> None:
         self.rest: float | None = None
         self.draft: dict[str, float | None] = {"full": None, "first_pass": None, "no_pass": None}
-        # a whole step's seconds, one proposal to the next, by the path of its drafts
-        # ("padded": vLLM's padded path, the draft model's drafts alone; or one of `draft`'s)
-        self.whole: dict[str, float | None] = dict.fromkeys(("padded", *self.draft))
-
-    def observe_whole(self, path: str, seconds: float) -> None:
-        self.whole[path] = _ema(self.whole[path], seconds)
 
     def observe(self, path: str, draft_s: float, rest_s: float | None) -> None:
         self.draft[path] = _ema(self.draft[path], draft_s)
@@ -424,12 +413,6 @@ class StepCosts:
         if first is None or full is None or rest_first is None or rest_full is None:
             return True
         return tokens_first_pass / (rest_first + first) >= tokens_full / (rest_full + full)
-
-    def relative(self, path: str) -> float:
-        """A whole step's seconds on `path` over one on vLLM's padded path (1.0 while
-        either is untimed)."""
-        step, padded = self.whole[path], self.whole["padded"]
-        return step / padded if step is not None and padded is not None else 1.0
 
 
 class Line(NamedTuple):

@@ -60,9 +60,8 @@ finished responses when they began (an earlier epoch's, or carried), and fresh (
 prompt and its siblings only). Where few of a kind's rows take history's drafts
 (`history.hybrid_idle_share`: a first epoch, new prompts) a new request of that kind
 starts so, looked up on its first step. Where a kind's rows that took history's drafts
-emitted fewer tokens a row than its rows the draft model drafted (a row of history's
-counted at its step's seconds over a padded step's: tokens per second), none of its rows
-takes history's drafts for a while (`hybrid.Realized`: a request's own scores read history
+emitted fewer tokens a row than its rows the draft model drafted, none of its rows takes
+history's drafts for a while (`hybrid.Realized`: a request's own scores read history
 better by chance on some of many requests; RL-Zero's first epoch, c=4 on the CPU testbed:
 3.4-3.6 tokens a step against EAGLE-3 alone's 3.7, 3.7 with it). In a step where no row
 took history's draft and every row's kind is idle, the replica also runs the next
@@ -329,24 +328,13 @@ def install_hybrid(
     streak = 0  # steps in a row the draft model ran its first pass only
     returned_at: float | None = None  # when the last step's drafts were returned
     last: tuple[set[str], int, int] = (set(), 0, 0)  # the last step's requests, rows, tokens to verify
-    # per request: the source of its last unpadded step's draft, and what its row costs
-    # (Realized: history's, its step's seconds over a padded step's; the model's, 1)
-    drafted: dict[str, tuple[str, float]] = {}
-    clock: tuple[str, float, set[str]] | None = None  # the last step's path, proposal time, requests
-
-    def clocked(path: str, at: float, req_ids: list[str]) -> None:
-        """A step on `path` proposes at `at`: the step before it took until then, where a
-        request carried over (StepCosts.whole)."""
-        nonlocal clock
-        if clock is not None and not clock[2].isdisjoint(req_ids):
-            costs.observe_whole(clock[0], at - clock[1])
-        clock = path, at, set(req_ids)
+    drafted: dict[str, str] = {}  # per request: the source of its last unpadded step's draft
 
     def realize(req: str, emitted: Any) -> None:
         """What `req` emitted after its last unpadded step's draft, for its kind (Realized)."""
-        if req in drafted:
-            source, cost = drafted.pop(req)
-            scores.realized[history.kind(req)].observe(source, len(emitted), cost)
+        source = drafted.pop(req, None)
+        if source is not None:
+            scores.realized[history.kind(req)].observe(source, len(emitted))
 
     def padded_step(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any):
         """A step of an idle replica on vLLM's padded path: the draft model's drafts
@@ -357,7 +345,6 @@ def install_hybrid(
         History's trees take these steps' tokens when their requests next draft or leave
         the batch (HistoryProposer._watch)."""
         nonlocal padded_left, returned_at
-        clocked("padded", time.perf_counter(), runner.input_batch.req_ids)
         if drafted:  # the first padded step after an unpadded one
             for req, emitted, at in history.emitted(sampled_token_ids):
                 scores.of(req).score(req, emitted, at)
@@ -529,10 +516,9 @@ def install_hybrid(
         history.rows["long_drafts"] += any(len(row) > k for row in drafts)  # past the model's k
         history.rows["left_out"] += len(left_out)
         took = candidates if first_pass_only else takes_history
-        cost = costs.relative(path)
         for i in live:
             if drafts[i]:
-                drafted[req_ids[i]] = ("history", cost) if i in took else ("model", 1.0)
+                drafted[req_ids[i]] = "history" if i in took else "model"
         for i in live:
             req = req_ids[i]
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
@@ -542,7 +528,6 @@ def install_hybrid(
             padded_left = IDLE_PADDED_STEPS  # the next steps on vLLM's padded path (module docstring)
             spec_config.disable_padded_drafter_batch = False
         last = set(req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
-        clocked(path, called_at, req_ids)
         returned_at = time.perf_counter()
         return drafts
 
