@@ -88,11 +88,11 @@ IDLE_PADDED_STEPS = 15
 # c=4 on the CPU testbed, rows that took history's (siblings') drafts emitted 2.8-3.0
 # tokens against the draft model's rows' 3.6 (logged ad hoc), the hybrid 3.44-3.59
 # tokens a step against EAGLE-3 alone's 3.70-3.72; 3.69-3.70 with this check. Rows are
-# counted alike whatever their step cost: weighing a history row by its step's whole
-# seconds over a padded step's (tried, 62504c6) closed the kind at c=64 from RL-Zero's
-# second epoch, where history's rows emit ~6.5 tokens against the model's 3.7 (the
-# hybrid's acceptance fell from 6.2-6.6 to 4.4-4.8 tokens a step; a full batch's step
-# timed against padded steps of every size, the tail's few-row ones included).
+# counted alike whatever their step cost: with each history row weighed by its step's
+# whole seconds over a padded step's (tried in 62504c6), the hybrid at c=64 from RL-Zero's
+# second epoch took history's drafts on 43-51% of its rows against 79-86% and accepted
+# 4.4-4.8 tokens a step against 6.2-6.7, where history alone accepts 6.0-6.5 (a full
+# batch's step was judged against padded steps of every size; docs/draft.md).
 REALIZED_DECAY = 0.98
 REALIZED_ROWS = 16.0
 RETRY_AFTER = 256
