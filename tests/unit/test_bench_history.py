@@ -4,6 +4,7 @@ hour; a crash here would lose them)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -254,6 +255,37 @@ def test_kept_servers_start_once_per_block_and_take_each_versions_weights_before
     for results in done:  # each version: both cells, one counted round per block
         assert [r["block"] for r in results[(1, 4)]] == [0, 1]
     assert paired_rows(cells, done[2], [4])[1]["rounds"] == 2
+
+
+def test_kept_servers_write_every_versions_rows_after_each_block(monkeypatch, tmp_path):
+    """A run on kept servers writes every version's rows after each block of servers (the
+    meta saying how many were measured), so one that fails later keeps them; the finished
+    run's file has every block's rounds and no `partial` (stand-in servers)."""
+    stand_ins = StandIns(monkeypatch)
+    out = tmp_path / "kept.json"
+    files: list[dict | None] = []  # the file as each block's servers start
+    monkeypatch.setattr(epochs, "start_all", lambda procs: files.append(_read(out)))
+    monkeypatch.setattr(
+        epochs, "task_prompts", lambda tasks, n, console, distinct: [f"p{i}" for i in range(n)]
+    )
+    cells = [epochs.Cell("ar", "none"), epochs.Cell("eagle3", "eagle3", "zoo:eagle3-domain")]
+    epochs.run_over_versions(
+        out, lambda task, index, tmp: (index, f"policy-{index}", cells), versions=2,
+        keys=("method", "epoch"), columns=("method", "epoch"), meta={}, k=3, concurrency=[4],
+        tasks=["rl-zero"], rounds=4, console=Console(), blocks=2, servers="kept",
+    )  # fmt: skip
+    assert len(stand_ins.started) == 4 and files[0] is None
+    partial = files[1]
+    assert partial["meta"]["partial"] == "rl-zero: 1 of 2 blocks measured"
+    assert [(r["epoch"], r["method"], r["rounds"]) for r in partial["rows"]] == [
+        (0, "ar", 2), (0, "eagle3", 2), (1, "ar", 2), (1, "eagle3", 2),
+    ]  # fmt: skip
+    final = _read(out)
+    assert "partial" not in final["meta"] and [r["rounds"] for r in final["rows"]] == [4] * 4
+
+
+def _read(path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def test_servers_are_fresh_or_kept(tmp_path):

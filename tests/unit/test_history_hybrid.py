@@ -757,6 +757,25 @@ def test_a_request_that_leaves_the_batch_unfinished_keeps_its_response_open():
     assert drafts[0][:2] == [21, 22]
 
 
+def test_an_input_batch_vllm_builds_anew_is_watched_too(monkeypatch):
+    """vLLM may replace the runner's input batch (it re-initializes it as the KV cache is
+    set up): the new one's requests are seen joining and leaving, so history goes on
+    drafting; a request that joined it unseen drafts nothing from history, and no error."""
+    _model_drafts_every_step(monkeypatch)
+    runner, history = _hybrid(min_draft=1)
+    unseen = {"b": [*PROMPT, 5, 6]}
+    runner.input_batch = _InputBatch()
+    runner.input_batch.req_ids, runner.input_batch.req_id_to_index = ["b"], {"b": 0}  # joined unseen
+    runner.input_batch.token_ids_cpu = np.array([[*unseen["b"], *[0] * 58]], dtype=np.int32)
+    runner.input_batch.num_tokens_no_spec = np.array([6])
+    runner.requests = dict(unseen)
+    drafts = runner.propose_draft_token_ids(SimpleNamespace(num_spec_tokens_to_schedule=3), [[6]])
+    assert drafts == [[MODEL_TOKEN] * 3]
+    # "b" leaves; "c", a sample of PROMPT, joins the new batch, seen: history drafts for it
+    assert runner.step({"c": [*PROMPT, 5, 6]}, [[6]]) == [[7, 8, MODEL_TOKEN]]
+    assert history.kind("c") == "recurring"
+
+
 def test_an_idle_replica_takes_history_again_once_its_drafts_agree_on_the_padded_steps(monkeypatch):
     """A replica that went idle (a first epoch's: the draft model preferred, no row taking
     history's draft) scores the drafts offered in its unpadded step against what the padded

@@ -86,6 +86,8 @@ class Cell:
 # A benchmark's next version of a task: (its label, e.g. the epoch or policy step; the
 # policy; the cells to measure), from the version's index and a scratch directory.
 Advance = Callable[[Task, int, Path], tuple[int, str, list["Cell"]]]
+# after each block of kept servers: every version's (label, cells, results so far), blocks done
+BlockDone = Callable[[list[tuple[int, list[Cell], Done]], int], None]
 
 
 def run_over_versions(
@@ -109,9 +111,10 @@ def run_over_versions(
     the cells `advance` gives, on servers `fresh` for each version (carrying earlier
     responses as each cell asks) or `kept` across them (module docstring). Rows name the
     cell and the version by `keys` (cell key, version key); written to `out` (JSON, and
-    Markdown beside) after every version measured (kept: after a task's last), so a long
-    run that fails keeps what it did. `blocks`: each version's servers (kept: each task's)
-    are started that many times (measure)."""
+    Markdown beside) after every version measured, so a long run that fails keeps what it
+    did (kept: every version's rows after each block of servers, over the blocks so far,
+    the meta's `partial` saying how many until the last). `blocks`: each version's servers
+    (kept: each task's) are started that many times (measure)."""
     block_rounds(rounds, blocks)  # checked before any server starts
     if servers not in SERVERS:
         raise ValueError(f"servers are one of {', '.join(SERVERS)}, not {servers!r}")
@@ -122,15 +125,38 @@ def run_over_versions(
     rows: list[dict] = []
     each = _on_fresh_servers if servers == "fresh" else _on_kept_servers
     measuring = {"k": k, "prompts": prompts, "levels": concurrency, "rounds": rounds, "blocks": blocks}
+    full_meta = bench_meta(k=k, group=GROUP, rounds=rounds, blocks=blocks, **meta) | {"servers": servers}
+
+    def rows_of(task: Task, label: int, cells: list[Cell], done: Done) -> list[dict]:
+        return [
+            {"task": task.name, version_key: label, cell_key: r.pop("name")} | r
+            for r in paired_rows(cells, done, concurrency, versus)
+        ]
+
+    def write(table: list[dict], partial: str = "") -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        written = full_meta | ({"partial": partial} if partial else {})
+        out.write_text(json.dumps({"meta": written, "rows": table}, indent=2))
+        out.with_suffix(".md").write_text(markdown_table(table, columns) + "\n")
+
+    def partial_rows(task: Task) -> BlockDone:
+        """Kept servers: every version's rows of `task` over the blocks measured so far."""
+
+        def written(measured: list[tuple[int, list[Cell], Done]], blocks_done: int) -> None:
+            if blocks_done < blocks:
+                so_far = [row for version in measured for row in rows_of(task, *version)]
+                write(rows + so_far, f"{task.name}: {blocks_done} of {blocks} blocks measured")
+                console.print(f"    {out}: every {version_key}'s rows over {blocks_done} of {blocks} blocks")
+
+        return written
+
     with tempfile.TemporaryDirectory(prefix="specrl-bench-") as tmp:
         for task in chosen:
+            kept = {"block_done": partial_rows(task)} if servers == "kept" else {}
             for label, cells, done in each(
-                task, advance, versions, Path(tmp), version_key, console, **measuring
+                task, advance, versions, Path(tmp), version_key, console, **kept, **measuring
             ):
-                got = [
-                    {"task": task.name, version_key: label, cell_key: r.pop("name")} | r
-                    for r in paired_rows(cells, done, concurrency, versus)
-                ]
+                got = rows_of(task, label, cells, done)
                 for row in got:
                     against = "".join(f"  vs {v} {row[f'vs_{v}']}" for v in versus if f"vs_{v}" in row)
                     console.print(
@@ -139,10 +165,7 @@ def run_over_versions(
                         f"{against}{_hybrid_summary(row)}"
                     )
                 rows += got
-                out.parent.mkdir(parents=True, exist_ok=True)
-                full_meta = bench_meta(k=k, group=GROUP, rounds=rounds, blocks=blocks, **meta)
-                out.write_text(json.dumps({"meta": full_meta | {"servers": servers}, "rows": rows}, indent=2))
-                out.with_suffix(".md").write_text(markdown_table(rows, columns) + "\n")
+                write(rows)
     print_table(rows, columns, out.stem, console)
     return rows
 
@@ -164,18 +187,33 @@ def _on_fresh_servers(
 
 
 def _on_kept_servers(
-    task: Task, advance: Advance, versions: int, tmp: Path, version_key: str, console: Console, **measuring
+    task: Task,
+    advance: Advance,
+    versions: int,
+    tmp: Path,
+    version_key: str,
+    console: Console,
+    block_done: BlockDone | None = None,
+    **measuring,
 ) -> Iterator[tuple[int, list[Cell], Done]]:
     """Every version made first, then measured in order on servers kept across them
-    (measure_kept): (each version's label, its cells, their results)."""
+    (measure_kept): (each version's label, its cells, their results); `block_done` is
+    told every version's results after each block."""
     made = [advance(task, index, tmp) for index in range(versions)]
     cells = made[0][2]
     if any(c != cells for _, _, c in made):
         raise ValueError("servers kept across versions measure the same cells at every version")
     console.print(f"[bold]{task.name}[/bold]: {version_key}s {', '.join(str(m[0]) for m in made)}: measuring")
-    policies = [policy for _, policy, _ in made]
-    done = measure_kept(policies, cells=cells, max_tokens=task.max_tokens, console=console, **measuring)
-    for (label, _, _), results in zip(made, done):
+    policies, labels = [policy for _, policy, _ in made], [label for label, _, _ in made]
+
+    def each_block(done: list[Done], blocks_done: int) -> None:
+        if block_done is not None:
+            block_done([(label, cells, results) for label, results in zip(labels, done)], blocks_done)
+
+    done = measure_kept(
+        policies, cells=cells, max_tokens=task.max_tokens, console=console, block_done=each_block, **measuring
+    )
+    for label, results in zip(labels, done):
         yield label, cells, results
 
 
@@ -301,13 +339,15 @@ def measure_kept(
     max_tokens: int,
     console: Console,
     blocks: int = 1,
+    block_done: Callable[[list[Done], int], None] | None = None,
 ) -> list[Done]:
     """Every cell's server started on `policies[0]` and kept across the versions: each
     later version's weights pushed into all of them (a WeightSender, as a run's trainer
     pushes them), then a warm-up round after the push and the counted rounds. The counted
     rounds are split into `blocks` as in `measure`, each block's servers started afresh
     and taken through every version. Results per version, as `measure`'s; nothing is
-    carried (the servers hold the earlier versions' responses)."""
+    carried (the servers hold the earlier versions' responses). `block_done`: told the
+    results so far and the blocks done after each block."""
     configs = [bench_server(policies[0], c.method, c.draft, c.k or k, False, c.history) for c in cells]
     orders = itertools.cycle(balanced_orders(len(cells)))
     per_version = [_Rounds(cells, prompts, levels, max_tokens, orders, {}) for _ in policies]
@@ -326,6 +366,8 @@ def measure_kept(
                     )
                 for rnd in [0, *counted]:
                     rounds_.run(procs, rnd, block, console)
+        if block_done is not None:
+            block_done([rounds_.done for rounds_ in per_version], block + 1)
     return [rounds_.done for rounds_ in per_version]
 
 

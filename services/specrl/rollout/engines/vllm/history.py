@@ -7,9 +7,9 @@ vLLM hands a custom proposer the batch's token ids only; which request a row is,
 prompt, come from the model runner's input batch, whose requests are watched joining and
 leaving it from when the worker extension attaches the runner, after the engine starts
 and before it serves (`SpecrlWorkerExtension.specrl_attach_history`, with the history's
-settings). A prompt is known by a hash of its token ids, so a prompt that comes back (the
-next epoch, or the n samples of one request, which vLLM runs as n requests) finds its
-history on this replica.
+settings; a batch vLLM builds anew later is watched as it is first read). A prompt is
+known by a hash of its token ids, so a prompt that comes back (the next epoch, or the n
+samples of one request, which vLLM runs as n requests) finds its history on this replica.
 
 Hybrid with a draft model (`speculation.history.hybrid`, method eagle3 or draft_model):
 the model runner keeps the draft model as its proposer, and the worker extension wraps
@@ -118,6 +118,7 @@ class HistoryProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         self.index = HistoryIndex()
         self.runner: Any = None  # the model runner, once attached
+        self._watched: Any = None  # the input batch whose requests are watched (input_batch)
         self._requests: dict[str, tuple[bytes, int, int]] = {}  # req id -> key, sequence, tokens seen
         self._recurring: set[str] = set()  # requests whose prompt had finished responses (kind)
         # hybrid: rows drafted by each source, steps the draft model ran its first pass only,
@@ -137,7 +138,20 @@ class HistoryProposer:
         self.runner = runner
         self.index = HistoryIndex(**settings)
         runner.specrl_history = self  # the worker extension ages it on policy updates
-        self._watch(runner.input_batch)
+        self.input_batch()
+
+    def input_batch(self) -> Any:
+        """The runner's input batch, watched (`_watch`). vLLM builds a new one where it
+        re-initializes it (`may_reinitialize_input_batch`, as the KV cache is set up, before
+        the attach); one replaced after the attach would report no request joining or
+        leaving, and history would stop drafting without a word. So a batch is watched as
+        it is first read here; a request that joined it unseen drafts nothing from history
+        (and its tokens are not kept) until it ends."""
+        batch = self.runner.input_batch
+        if batch is not self._watched:
+            self._watch(batch)
+            self._watched = batch
+        return batch
 
     def _watch(self, batch: Any) -> None:
         """A request is started when it joins vLLM's input batch (its kind known before it
@@ -177,11 +191,12 @@ class HistoryProposer:
         """Each row's draft; `skip`: rows only extended, not looked up (no draft)."""
         if self.runner is None:
             return [[] for _ in sampled_token_ids]
-        batch = self.runner.input_batch
+        batch = self.input_batch()
         live = [
             i
             for i, sampled in enumerate(sampled_token_ids)
-            if i < len(batch.req_ids) and len(sampled)  # a partial prefill: nothing to follow yet
+            # a partial prefill has nothing to follow yet; a request not seen joining, nothing kept
+            if i < len(batch.req_ids) and len(sampled) and batch.req_ids[i] in self._requests
         ]
         for i in live:  # every row first: a row drafts from its siblings' latest tokens too
             self._catch_up(batch.req_ids[i], i, num_tokens_no_spec, token_ids_cpu)
@@ -229,7 +244,7 @@ class HistoryProposer:
         bookkeeping, from `sampled` (the step's sampled tokens, -1 past those accepted):
         (its id, the tokens, its tokens now); a row vLLM discards (a partial prefill)
         emitted nothing."""
-        batch = self.runner.input_batch
+        batch = self.input_batch()
         discard = self.runner.discard_request_mask.np
         out = []
         for i, row in enumerate(sampled.tolist()):
@@ -364,7 +379,7 @@ def install_hybrid(
         if not isinstance(sampled_token_ids, list):  # a tensor: the padded path (padded_step)
             return padded_step(scheduler_output, sampled_token_ids, *args, **kwargs)
         called_at = time.perf_counter()
-        batch = runner.input_batch
+        batch = history.input_batch()
         req_ids = batch.req_ids  # each row's request (a property of vLLM's batch: read once)
         # the step's time outside the drafters, where a request carried over from the last
         # (otherwise the engine may have idled in between: between a bench's rounds,
