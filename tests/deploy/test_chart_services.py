@@ -267,10 +267,11 @@ def _every_query_answers(prometheus: Prometheus, at: float) -> None:
     for uid, title, expr in dashboards.queries():
         reply = prometheus.query(expr.replace(dashboards.RATE, "1m"), at)
         assert reply["status"] == "success", (uid, title, expr, reply)
-        # the adaptive k controller's panels have data only on replicas that run it
-        # (speculation.adaptive, off in values-cpu.yaml; its metrics are tested in
-        # tests/integration/test_rollout_server.py): their queries must still evaluate
-        if not reply["data"]["result"] and "specrl_rollout_adaptive_" not in expr:
+        # the adaptive k controller's and history's panels have data only on replicas
+        # that run them (speculation.adaptive and speculation.history, off in
+        # values-cpu.yaml; their metrics are tested in tests/integration/
+        # test_rollout_server.py and test_lossless.py): their queries must still evaluate
+        if not reply["data"]["result"] and not re.search(r"specrl_rollout_(adaptive|history)_", expr):
             empty.append(f"{uid} / {title}: {expr}")
     assert not empty, "panels without data:\n" + "\n".join(empty)
     for rule in dashboards.rules()["groups"][0]["rules"]:

@@ -417,6 +417,7 @@ LABEL_VALUES = {  # the label values the panels select (others: any one value)
     "k": ("2",),
     "status": ("ok",),
     "reason": ("too_long",),
+    "source": ("history", "model"),
 }
 
 

@@ -191,6 +191,11 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
             assert state.first_pass_only_steps > 0, state  # and history alone, the model skipped
             assert state.long_draft_steps > 0, state  # and drafts past the model's k
             assert state.left_out_rows > 0, state  # and rows left out of the model's passes
+            # the same counts on /metrics (GetStatus just read them), the Grafana panel's input
+            exported = metrics_text(proc)
+            for source, rows in (("history", state.history_rows), ("model", state.model_rows)):
+                assert f'specrl_rollout_history_rows_total{{source="{source}"}} {float(rows)}' in exported
+            assert f"specrl_rollout_history_tokens {float(state.history_tokens)}" in exported
         if spec is HYBRID_IDLE:  # both paths ran
             state = c.status().speculation
             print(name, state)

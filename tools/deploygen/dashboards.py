@@ -300,6 +300,30 @@ DASHBOARDS = (
                 "drafts). A draft that stops paying (wiped or mismatched after a weight update, "
                 "too weak for the policy) drops here first.",
             ),
+            Panel(
+                "Hybrid: share of request steps drafted from history",
+                (
+                    (
+                        steps_rate('specrl_rollout_history_rows_total{source="history"}', "instance")
+                        + f" / {steps_rate('specrl_rollout_history_rows_total', 'instance')}",
+                        "{{instance}}",
+                    ),
+                ),
+                unit="percentunit",
+                description="Replicas with speculation.history.hybrid: the request steps drafted "
+                "from the run's own history (earlier epochs' responses, siblings, the prompt) "
+                "against those the draft model drafted, over "
+                f"{STEPS_WINDOW}. Near 0 in a first epoch or on new prompts (the draft model "
+                "drafts), rising from the second epoch where responses repeat earlier ones; a "
+                "replica read every 10 s at most (docs/draft.md).",
+            ),
+            Panel(
+                "History held (tokens)",
+                (("specrl_rollout_history_tokens", "{{instance}}"),),
+                description="Tokens each replica's history drafter holds (speculation method "
+                "history, or the hybrid): earlier responses per prompt, aged out after "
+                "speculation.history.max_age policy versions and capped by max_tokens.",
+            ),
         ),
     ),
     Dashboard(

@@ -141,6 +141,20 @@ class RolloutMetrics:
             "1 while k is 0 at every batch size and the engine skips the drafter altogether",
             registry=r,
         )
+        self.history_rows = Counter(
+            "specrl_rollout_history_rows",
+            "Request steps the hybrid (speculation.history.hybrid) drafted from history or by "
+            "the draft model (source), as the engine counts them: read after Generate calls "
+            "(at most every 10 s) and at GetStatus",
+            ["source"],
+            registry=r,
+        )
+        self.history_tokens = Gauge(
+            "specrl_rollout_history_tokens",
+            "Tokens the history drafter holds (its suffix trees over each prompt's responses), "
+            "read with specrl_rollout_history_rows",
+            registry=r,
+        )
         self.adaptive_speedup = Gauge(
             "specrl_rollout_adaptive_speedup",
             "Generation speedup from speculation the adaptive controller estimates for a range "

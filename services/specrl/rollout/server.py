@@ -136,7 +136,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
 
     async def _speculation_state(self) -> pb.SpeculationState:
         schedule = self.service.k_schedule or ()
-        history = await self.service.engine.history_state()
+        history = await self.service.history_state()
         return pb.SpeculationState(
             k_schedule=[pb.KRange(first=a, last=b, k=k) for a, b, k in schedule],
             adaptive=self.service.adaptive is not None,

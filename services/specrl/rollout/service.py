@@ -22,6 +22,9 @@ from specrl.rollout.engines.base import Engine, EngineStep, GeneratedSample, Sam
 from specrl.rollout.weights import Served, WeightUpdater
 
 log = logging.getLogger("specrl.rollout")
+# how often a Generate call's end reads the history drafter's counts for /metrics at most
+# (a read is a call into the engine's workers)
+HISTORY_READ_EVERY_S = 10.0
 
 
 class NotServing(RuntimeError):
@@ -63,6 +66,9 @@ class RolloutService:
         self.k_schedule = cfg.speculation.k_schedule
         self.drafter_paused = False
         metrics.speculative_tokens.set(engine.info.k)
+        self._history_rows = HistoryRows(metrics)
+        self._history_read_at = -HISTORY_READ_EVERY_S
+        self._history_reading: asyncio.Task | None = None
         self.adaptive: AdaptiveK | None = None
         self._applying: asyncio.Task | None = None
         self._adaptive_mode = ""
@@ -283,6 +289,34 @@ class RolloutService:
                 self.gate.leave(len(prompts))
             self.metrics.requests.labels(status=status).inc()
             self.metrics.latency.observe(time.perf_counter() - t0)
+            self._read_history_soon()
+
+    async def history_state(self) -> dict[str, int]:
+        """The history drafter's counts (Engine.history_state; {} without one), published
+        as metrics: the rows each source drafted (HistoryRows), the tokens held."""
+        state = await self.engine.history_state()
+        self._history_read_at = time.monotonic()
+        if state:
+            self._history_rows.publish(state)
+            self.metrics.history_tokens.set(state.get("tokens", 0))
+        return state
+
+    def _read_history_soon(self) -> None:
+        """After a Generate call: the history drafter's counts read for /metrics, at most
+        every HISTORY_READ_EVERY_S and one read at a time."""
+        if not self.cfg.speculation.drafts_from_history:
+            return
+        if self._history_reading is not None and not self._history_reading.done():
+            return
+        if time.monotonic() - self._history_read_at < HISTORY_READ_EVERY_S:
+            return
+        self._history_reading = asyncio.get_running_loop().create_task(self._read_history())
+
+    async def _read_history(self) -> None:
+        try:
+            await self.history_state()
+        except Exception as e:  # the engine stopping: the next read tries again
+            log.debug("history counts not read: %s", e)
 
     def _observe(self, s: GeneratedSample) -> None:
         m, a = self.metrics, s.acceptance
@@ -296,6 +330,24 @@ class RolloutService:
             for pos, count in enumerate(a.accepted_per_position):
                 m.accepted_per_position.labels(position=str(pos)).inc(count)
             m.acceptance_length.observe(a.acceptance_length)
+
+
+class HistoryRows:
+    """The rows (request steps) each source drafted in the hybrid, counted by the engine
+    (they only grow), published as increments of specrl_rollout_history_rows since the
+    highest count read: reads may overtake each other (GetStatus's and the one after a
+    Generate call), and a lower count read late adds nothing."""
+
+    def __init__(self, metrics: RolloutMetrics) -> None:
+        self.counter = metrics.history_rows
+        self.seen = {"history": 0, "model": 0}
+
+    def publish(self, state: dict[str, int]) -> None:
+        for source, seen in self.seen.items():
+            now = state.get(source, 0)
+            if now > seen:
+                self.counter.labels(source=source).inc(now - seen)
+                self.seen[source] = now
 
 
 def _publish(controller: AdaptiveK, metrics: RolloutMetrics) -> None:
