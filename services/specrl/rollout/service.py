@@ -310,7 +310,11 @@ class RolloutService:
             return
         if time.monotonic() - self._history_read_at < HISTORY_READ_EVERY_S:
             return
-        self._history_reading = asyncio.get_running_loop().create_task(self._read_history())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a call closed after its loop stopped (shutdown): nothing to read for
+            return
+        self._history_reading = loop.create_task(self._read_history())
 
     async def _read_history(self) -> None:
         try:
