@@ -912,7 +912,9 @@ def test_a_step_with_the_models_positions_times_its_first_pass_too(monkeypatch):
     """A step where the draft model drafts its k positions also times its first pass (to
     its first forward's end: FirstForward), as a step of history alone's would be: the
     first pass's cost is then known from every step that runs one, and one slow step of
-    history alone (a pass over many new prompts) cannot keep the path untaken."""
+    history alone (a pass over many new prompts) cannot keep the path untaken. The hook is
+    on the model for that call only: outside it (an idle replica's padded steps) the draft
+    model's forwards are EAGLE-3 alone's."""
     _model_drafts_every_step(monkeypatch)
     timed = []
     observe = StepCosts.observe
@@ -927,6 +929,7 @@ def test_a_step_with_the_models_positions_times_its_first_pass_too(monkeypatch):
     (full, full_s), (first, first_s) = timed
     assert (full, first) == ("full", "first_pass")
     assert first_s < _TimedEagleRunner.POSITION_S <= full_s  # the k - 1 positions after it: not in it
+    assert not runner.drafter.model._forward_hooks
 
 
 def test_a_draft_is_scored_by_its_leading_tokens_the_step_emitted():
