@@ -19,6 +19,7 @@ from specrl.metrics import RolloutMetrics
 from specrl.rollout.adaptive import AdaptiveK
 from specrl.rollout.admission import AdmissionGate
 from specrl.rollout.engines.base import Engine, EngineStep, GeneratedSample, Sampling, SelfTestResult
+from specrl.rollout.hybrid import SOURCES
 from specrl.rollout.weights import Served, WeightUpdater
 
 log = logging.getLogger("specrl.rollout")
@@ -344,7 +345,7 @@ class HistoryRows:
 
     def __init__(self, metrics: RolloutMetrics) -> None:
         self.counter = metrics.history_rows
-        self.seen = {"history": 0, "model": 0}
+        self.seen = dict.fromkeys(SOURCES, 0)
 
     def publish(self, state: dict[str, int]) -> None:
         for source, seen in self.seen.items():
