@@ -59,7 +59,8 @@ HISTORY = {"history": {"min_match": 1}}
 # EAGLE-3 hybrid with history: a request step drafts from history when history has even
 # one token on a one-token match (so both sources draft, and a row's later positions can come from EAGLE-3
 # after history's first); the test checks that both did. History drafts up to 8 tokens,
-# past EAGLE-3's 3 (hybrid_max_draft: ragged rows longer than the draft model's). A
+# past EAGLE-3's 2 (hybrid_max_draft: ragged rows longer than the draft model's), and
+# after them (an extension of the draft model's draft, inside a 3-token sample at k=2). A
 # request that took history's draft once leaves the draft model's passes for as long as
 # history keeps it (hybrid_leave_out_after; a sample here is 3 tokens, 2 steps at most).
 HYBRID = {
@@ -72,16 +73,18 @@ HYBRID = {
         "hybrid_leave_out_after": 1,
     }
 }
-# The hybrid on a replica counted idle wherever a row did not take history's draft
-# (hybrid_idle_share 1.0), with history's drafts seldom candidates (4 tokens at least, of
-# 3-token samples): a step in which none took one puts the next ones on vLLM's padded
-# drafter path, the draft model alone, so requests run steps on both paths.
-HYBRID_IDLE = {"history": {**HYBRID["history"], "hybrid_idle_share": 1.0, "hybrid_min_draft": 4}}
+# The hybrid on a replica counted idle wherever a row did not draft from history
+# (hybrid_idle_share 1.0), with history's drafts never candidates (4 tokens at least, the
+# engine built for EAGLE-3's 3, so that no draft of the model's is extended either): a
+# step in which none took one puts the next ones on vLLM's padded drafter path, the draft
+# model alone, so requests run steps on both paths.
+IDLE = {"hybrid_idle_share": 1.0, "hybrid_min_draft": 4, "hybrid_max_draft": None}
+HYBRID_IDLE = {"history": {**HYBRID["history"], **IDLE}}
 METHODS = [
     ("draft_model", 3, "zoo:draft", None),
     ("ngram", 3, None, NGRAM),
     ("history", 3, None, HISTORY),
-    ("eagle3", 3, "zoo:eagle3-domain", HYBRID),
+    ("eagle3", 2, "zoo:eagle3-domain", HYBRID),
     ("eagle3", 3, "zoo:eagle3-domain", None),
     ("eagle3", 3, "zoo:eagle3-domain", HYBRID_IDLE),
 ]
@@ -97,6 +100,7 @@ SEED_ORDER = [
     "history-k3",
     "hybrid-k3",
     "hybrid-idle-k3",
+    "hybrid-k2",
 ]
 
 
@@ -112,7 +116,7 @@ PRIME_BLOCKS = 1000
 # p = 0.33-0.99, seeded elsewhere or not (docs/draft.md). So its cell seeds from a fresh
 # block each run (printed), past every fixed one: a correct sampler fails a check with
 # probability ALPHA.
-FRESH_SEEDS = {"hybrid-k3", "hybrid-idle-k3"}
+FRESH_SEEDS = {"hybrid-k2", "hybrid-idle-k3"}
 
 
 def seed_base(cell: str) -> int:
@@ -192,6 +196,7 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
             assert state.first_pass_only_steps > 0, state  # and history alone, the model skipped
             assert state.long_draft_steps > 0, state  # and drafts past the model's k
             assert state.left_out_rows > 0, state  # and rows left out of the model's passes
+            assert state.extended_rows > 0, state  # and the model's drafts extended by history's
             # the same counts on /metrics (GetStatus just read them), the Grafana panel's input
             exported = metrics_text(proc)
             for source, rows in (("history", state.history_rows), ("model", state.model_rows)):

@@ -44,7 +44,7 @@ def test_each_cell_is_paired_with_ar_and_history_with_eagle3_and_the_hybrid_with
     hybrid = [i for i, c in enumerate(cells) if c.hybrid]
     assert [cells[i].name for i in hybrid] == ["hybrid"]
     for n, r in enumerate(done[hybrid[0], 4]):  # the server's counters over each round
-        r["hybrid"] = dict(zip(HYBRID_COUNTS, (10 * n + 30, 10, 5 + n, 2, 20 + n, 3 * n)))
+        r["hybrid"] = dict(zip(HYBRID_COUNTS, (10 * n + 30, 10, 5 + n, 2, 20 + n, 3 * n, n + 2)))
     rows = {r["name"]: r for r in paired_rows(cells, done, [4], versus=("eagle3", "history"))}
     summed = {
         "history_rows": 70,
@@ -53,6 +53,7 @@ def test_each_cell_is_paired_with_ar_and_history_with_eagle3_and_the_hybrid_with
         "long_draft_steps": 4,
         "left_out_rows": 41,
         "padded_steps": 3,
+        "extended_rows": 5,
     }
     assert {f: rows["hybrid"][f] for f in HYBRID_COUNTS} == summed
     assert "history_rows" not in rows["history"]

@@ -219,6 +219,69 @@ def test_history_drafts_past_the_draft_models_k_where_its_acceptance_pays(monkey
     assert runner.model_k[-1] == 2
 
 
+def _extending_hybrid(monkeypatch, fit: Line | None, model_emitted: list[int]) -> tuple[_Runner, object]:
+    """The engine built for 6 draft tokens, the draft model asked for its own 3 (MODEL_TOKEN
+    each), "a"'s response to PROMPT (5, then the model's 9, 9, 9, then 50 .. 53) in
+    history, and the model measured on "m", which emitted `model_emitted` after its draft."""
+    monkeypatch.setattr(VerifyCost, "fit", lambda self, rows: fit)
+    _model_drafts_every_step(monkeypatch)
+    runner = _Runner(engine_k=6)
+    history = install_hybrid(runner, {"min_match": 1}, 1, 1, model_k=3)
+    runner.step({"a": [*PROMPT, 5, 9, 9, 9, 50, 51, 52, 53], "m": [30, 31, 32, 33, 34]}, [[53], [34]])
+    runner.step({"m": [30, 31, 32, 33, 34, *model_emitted]}, [model_emitted])  # "a" ended
+    return runner, history
+
+
+def test_history_extends_the_draft_models_draft_where_its_tokens_are_expected_accepted(monkeypatch):
+    """A row the draft model drafts in full (its 3) gets history's tokens after them, as far
+    as the engine's 6, where history continues the request's tokens and the model's draft
+    (history's own draft for "b", 5 onwards, is not taken: nothing of history's agreed on
+    this replica yet, the model's 3 did)."""
+    runner, history = _extending_hybrid(monkeypatch, None, [9, 9, 9, 35])
+    extended = history.rows["extended"]  # "m"'s last draft too: its own 9, 9, 9 went on with 35
+    assert runner.step({"b": [*PROMPT, 5]}, [[5]]) == [[9, 9, 9, 50, 51, 52]]
+    assert history.rows["extended"] == extended + 1 and history.rows["history"] == 0
+
+
+def test_an_extension_is_scored_where_every_one_of_the_models_tokens_agreed():
+    """History's tokens after the model's (`own`) are positions of their own (DEPTH_SOURCES
+    "extension"): reached only where the model's draft agreed in full, and an extension's
+    chance is the model's whole draft's times its own positions'."""
+    scores = SourceScores()
+    scores.offer("r", "model", [1, 2, 3, 50, 51, 52], at=4, own=3)
+    scores.score("r", [1, 2, 3, 50, 51, 60], at=10)  # the model's 3 and the extension's 2 agreed
+    scores.offer("r", "model", [1, 2, 3, 70], at=10, own=3)
+    scores.score("r", [1, 5], at=12)  # the model's second refused: the extension not reached
+    kept, reached = scores._depth["extension"]
+    w = scores._weight["extension"]
+    assert [k / w for k in kept] == [1.0, 1.0, 0.0] and [n / w for n in reached] == [1.0] * 3  # one draft
+    assert scores.acceptance("r", "model") == pytest.approx((0.8 * 3 + 1) / (0.8 * 3 + 1 + 1))
+    extension = scores.extension_acceptance("r", 3, 3)
+    assert extension == pytest.approx(
+        [scores.acceptance("r", "model") ** 3 * p for p in scores.position_acceptance("r", "extension", 3)]
+    )
+    assert extension[2] < extension[1] <= extension[0] < scores.acceptance("r", "model") ** 3
+
+
+@pytest.mark.parametrize(
+    ("model_emitted", "fit", "extends"),
+    [
+        # the model's drafts refused: its 3 are not expected accepted, nor what follows
+        ([35], None, False),
+        # two of its 3 agreed: the extension's first position is expected accepted at ~0.2,
+        # free to verify where the cost is unknown, not worth a token at 10 ms a token
+        ([9, 9, 35], None, True),
+        ([9, 9, 35], Line(0.001, 0.01, resolved=True), False),
+    ],
+)
+def test_an_extension_is_drafted_as_far_as_it_pays(monkeypatch, model_emitted, fit, extends):
+    runner, history = _extending_hybrid(monkeypatch, fit, model_emitted)
+    extended = history.rows["extended"]
+    drafts = runner.step({"b": [*PROMPT, 5]}, [[5]])
+    assert drafts == [[9, 9, 9, 50, 51, 52] if extends else [9, 9, 9]]
+    assert history.rows["extended"] == extended + extends
+
+
 @pytest.mark.parametrize("fit", [None, Line(0.01, 1e-4, resolved=False)])
 def test_while_verifications_cost_is_unknown_history_drafts_as_far_as_it_offers(monkeypatch, fit):
     """Tried, so that steps of different lengths are timed; its rate decides as before

@@ -49,7 +49,8 @@ from specrl.weightsync.sender import WeightSender
 GROUP = 4  # samples per request (a GRPO group)
 # what a hybrid server did in a measurement (its GetStatus counters, rollout/server.py):
 # rows drafted by each source, steps of history alone, steps some row drafted past k, rows
-# left out of the draft model's pass, steps on vLLM's padded drafter path (an idle replica)
+# left out of the draft model's pass, steps on vLLM's padded drafter path (an idle replica),
+# rows whose draft model's draft history extended
 HYBRID_COUNTS = (
     "history_rows",
     "model_rows",
@@ -57,6 +58,7 @@ HYBRID_COUNTS = (
     "long_draft_steps",
     "left_out_rows",
     "padded_steps",
+    "extended_rows",
 )
 Responses = dict[str, list[list[int]]]  # prompt -> its responses
 Servers = Literal["fresh", "kept"]  # started for every version, or kept across them (module docstring)
@@ -395,7 +397,7 @@ def _hybrid_summary(row: dict) -> str:
     return (
         f"  rows from history {row['history_rows']}/{rows}, steps of history alone"
         f" {row['first_pass_only_steps']}, long {row['long_draft_steps']}, left out {row['left_out_rows']},"
-        f" padded {row['padded_steps']}"
+        f" padded {row['padded_steps']}, extended {row['extended_rows']}"
     )
 
 

@@ -13,7 +13,9 @@ a little stickiness on the side of the source it has. So every step scores every
 source made for it, chosen or not, and a request's next draft comes from the source
 whose recent drafts agreed most (SourceScores). Ties go to history, once the draft model
 has been measured on the replica at all; whether a step of history alone skips the draft
-model's positions is a question of tokens per second (StepCosts).
+model's positions is a question of tokens per second (StepCosts). The draft model's draft
+may go on with history's tokens after it (an extension: scored as the model's draft, its
+own tokens first; its positions are reached only where every one of the model's agreed).
 
 A request starts from the replica's running scores: a new request on a prompt whose
 history drafts well starts trusting history, and a weak draft model is left behind after
@@ -49,9 +51,10 @@ RUN_START = (1 - PRIOR_DECAY) / (1 - RUN_DECAY)  # the replica's rate, weighted 
 # last few drafts (RUN_DECAY), the replica's as DEPTH_PRIOR drafts' worth
 DEPTH_DECAY = 0.998
 DEPTH_PRIOR = 4.0
-# the sources whose draft lengths are chosen per position (draft_lengths): history's only,
-# the draft model drafts its k; no per-position counts are kept for the others
-DEPTH_SOURCES = ("history",)
+# the drafts whose lengths are chosen per position (draft_lengths): history's, and history's
+# tokens after the draft model's k ("extension": SourceScores.score), the draft model
+# drafting its k; no per-position counts are kept for the others
+DEPTH_SOURCES = ("history", "extension")
 # steps in a row that every request drafts from history (the draft model's first pass
 # only) before one where the draft model drafts too and is measured again (its weights
 # may have been updated since)
@@ -194,6 +197,10 @@ class SourceScores:
                 total[:] = [decay * t + x for t, x in zip(total, run)]
             if source in self._depth:
                 self._score_depth(req, source, n, seen)
+            elif own < len(draft) and n >= own and len(emitted) > own:
+                # history's tokens after the model's own (an extension): its positions were
+                # reached where every one of the model's agreed
+                self._score_depth(req, "extension", n - own, min(len(draft), len(emitted)) - own)
 
     def _score_depth(self, req: str, source: str, n: int, seen: int) -> None:
         """A draft of `req` whose first `n` tokens agreed, `seen` of its own positions
@@ -251,7 +258,8 @@ class SourceScores:
         repeating a span of an earlier one; in RL-Zero's second epoch on the CPU testbed,
         drafts that reached positions 3-5 kept them 97-100% of the time, those reaching
         1-2 94%), and a per-token rate averages the two."""
-        rate = self.acceptance(req, source)
+        # an extension's positions, before the replica has kept any: as the model's before them
+        rate = self.acceptance(req, "model" if source == "extension" else source)
         kept, reached = self._depth[source]
         w = self._weight[source]
 
@@ -266,6 +274,14 @@ class SourceScores:
             p *= kept_once_reached(j, rate)
             out.append(p)
         return out[:longest]
+
+    def extension_acceptance(self, req: str, own: int, longest: int) -> list[float]:
+        """The probability that each of positions 1 .. `longest` of history's extension of
+        the draft model's `own`-token draft for `req` is accepted: every one of the model's
+        (its per-token rate on `req`, to the power `own`), then the extension's
+        (position_acceptance)."""
+        whole = self.acceptance(req, "model") ** own
+        return [whole * p for p in self.position_acceptance(req, "extension", longest)]
 
     def prefers_history(self, req: str) -> bool:
         if not self.measured["model"]:  # never measured here: it drafts, and is measured

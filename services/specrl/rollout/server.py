@@ -149,6 +149,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             long_draft_steps=history.get("long_drafts", 0),
             left_out_rows=history.get("left_out", 0),
             padded_steps=history.get("padded", 0),
+            extended_rows=history.get("extended", 0),
         )
 
     async def SetSpeculation(self, request, context):

@@ -44,7 +44,7 @@ class SetSpeculationRequest(_message.Message):
     def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ...) -> None: ...
 
 class SpeculationState(_message.Message):
-    __slots__ = ("k_schedule", "adaptive", "drafter_paused", "history", "history_rows", "model_rows", "history_tokens", "first_pass_only_steps", "long_draft_steps", "left_out_rows", "padded_steps")
+    __slots__ = ("k_schedule", "adaptive", "drafter_paused", "history", "history_rows", "model_rows", "history_tokens", "first_pass_only_steps", "long_draft_steps", "left_out_rows", "padded_steps", "extended_rows")
     K_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_PAUSED_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class SpeculationState(_message.Message):
     LONG_DRAFT_STEPS_FIELD_NUMBER: _ClassVar[int]
     LEFT_OUT_ROWS_FIELD_NUMBER: _ClassVar[int]
     PADDED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EXTENDED_ROWS_FIELD_NUMBER: _ClassVar[int]
     k_schedule: _containers.RepeatedCompositeFieldContainer[KRange]
     adaptive: bool
     drafter_paused: bool
@@ -67,7 +68,8 @@ class SpeculationState(_message.Message):
     long_draft_steps: int
     left_out_rows: int
     padded_steps: int
-    def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ..., adaptive: _Optional[bool] = ..., drafter_paused: _Optional[bool] = ..., history: _Optional[bool] = ..., history_rows: _Optional[int] = ..., model_rows: _Optional[int] = ..., history_tokens: _Optional[int] = ..., first_pass_only_steps: _Optional[int] = ..., long_draft_steps: _Optional[int] = ..., left_out_rows: _Optional[int] = ..., padded_steps: _Optional[int] = ...) -> None: ...
+    extended_rows: int
+    def __init__(self, k_schedule: _Optional[_Iterable[_Union[KRange, _Mapping]]] = ..., adaptive: _Optional[bool] = ..., drafter_paused: _Optional[bool] = ..., history: _Optional[bool] = ..., history_rows: _Optional[int] = ..., model_rows: _Optional[int] = ..., history_tokens: _Optional[int] = ..., first_pass_only_steps: _Optional[int] = ..., long_draft_steps: _Optional[int] = ..., left_out_rows: _Optional[int] = ..., padded_steps: _Optional[int] = ..., extended_rows: _Optional[int] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

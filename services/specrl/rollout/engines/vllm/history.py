@@ -44,7 +44,17 @@ pay: position j is accepted with the probability that history's drafts on the re
 start right and that the replica's drafts kept position j once they reached it
 (SourceScores.position_acceptance), and costs one more verified token, whose seconds are
 fitted to the steps as they run (VerifyCost, where the slope is resolved); the step's
-expected tokens per second decide (draft_lengths). A request that has taken history's
+expected tokens per second decide (draft_lengths).
+A row the draft model drafts in full gets history's tokens after the model's
+(`HistoryProposer.propose_after`: where history continues the request's tokens and the
+model's draft), as far as they pay by the same choice: such a position is accepted only
+where the model's k all were (its per-token rate to the power k), then as often as the
+replica's extensions kept that position once they reached it
+(SourceScores.extension_acceptance). That is where history adds to a strong draft model
+it does not beat on its own (RL-Think on the CPU testbed, c=4: EAGLE-3's 3 tokens give
+~3.4 tokens a step, the hybrid with extensions ~5 from a run's second epoch,
+docs/draft.md). A row extended counts as drafting from history for the replica's idle
+share (the padded path cannot extend). A request that has taken history's
 draft for `history.hybrid_leave_out_after` steps in a row is left out of the draft
 model's passes (its rows cut from them: drafter_rows.py) for as long as history keeps
 it, so the model's first pass and positions run over the other rows only: the price the
@@ -132,6 +142,7 @@ class HistoryProposer:
             "long_drafts": 0,
             "left_out": 0,
             "padded": 0,
+            "extended": 0,
         }
 
     def attach(self, runner: Any, settings: dict) -> None:
@@ -210,6 +221,19 @@ class HistoryProposer:
             context = token_ids_cpu[i, max(0, n - self.index.max_depth - 1) : n]
             drafts[i] = self.index.propose(key, seq, context, k_row, min_depth)
         return drafts
+
+    def propose_after(self, req_id: str, row: int, draft: list[int], k: int, min_depth: int) -> list[int]:
+        """Up to `k` tokens history drafts after `draft`, the draft model's for `req_id`'s
+        next step (batch row `row`, caught up by `propose` this step): its context is the
+        request's tokens and that draft ([] where the request is not kept)."""
+        entry = self._requests.get(req_id)
+        if entry is None:
+            return []
+        key, seq, n = entry
+        k = min(k, self.max_model_len - n - len(draft) - 1)
+        start = max(0, n + len(draft) - self.index.max_depth - 1)
+        context = np.concatenate((self.input_batch().token_ids_cpu[row, start:n], draft), dtype=np.int32)
+        return self.index.propose(key, seq, context, k, min_depth)
 
     def _catch_up(self, req_id: str, row: int, num_tokens, token_ids_cpu) -> None:
         """The tokens of `req_id` (batch row `row`) its tree does not hold yet go into it
@@ -425,6 +449,7 @@ def install_hybrid(
             for req in streaks.keys() - runner.requests.keys():
                 del streaks[req]
         at = {i: int(batch.num_tokens_no_spec[i]) for i in live}
+        extended: set[int] = set()  # rows whose model draft history extended
         for i in live:
             scores.of(req_ids[i]).score(req_ids[i], sampled_token_ids[i], at[i])
             realize(req_ids[i], sampled_token_ids[i])
@@ -491,17 +516,21 @@ def install_hybrid(
         # how far each row that takes history's draft drafts: to the model's k, or past it
         # where the positions' expected acceptance pays for verifying them (draft_lengths)
         takes = sorted(candidates) if first_pass_only else chosen
+
+        def lengths(rows: list[tuple[list[float], int, int]], alone: bool) -> list[int]:
+            """draft_lengths on this step's path (history alone's, or the full one's)."""
+            if fit is None or not fit.resolved:  # cost unknown: as far as history drafts, to be timed
+                return draft_lengths(rows, 1.0, 1.0, 0.0)
+            seconds = fit.at(verified[0 if alone else 1]) + (costs.draft[path] or 0.0)
+            tokens = tokens_first_pass if alone else tokens_full
+            return draft_lengths(rows, tokens, seconds, fit.per_token)
+
         reach = {}  # row -> its draft's length, where history drafts past the model's k
         if longest > k and takes:
             # at the model's k: history's draft alone, or the model's k with history's first
             short = {i: min(len(found[i]), k) if first_pass_only else k for i in takes}
             rows = [(accept[i], short[i], len(found[i])) for i in takes]
-            if fit is None or not fit.resolved:  # cost unknown: as far as history drafts, to be timed
-                reach = dict(zip(takes, draft_lengths(rows, 1.0, 1.0, 0.0)))
-            else:
-                seconds = rest[0 if first_pass_only else 1] + (costs.draft[path] or 0.0)
-                tokens = tokens_first_pass if first_pass_only else tokens_full
-                reach = dict(zip(takes, draft_lengths(rows, tokens, seconds, fit.per_token)))
+            reach = dict(zip(takes, lengths(rows, first_pass_only)))
         found = [draft[: reach.get(i, k)] for i, draft in enumerate(found)]
         if first_pass_only:
             # every request drafts from history: the draft model runs its first pass only
@@ -536,25 +565,50 @@ def install_hybrid(
             drafts = drafts.tolist()  # ragged where history drafts past the draft model
             history.rows["history"] += len(chosen)
             history.rows["model"] += len(live) - len(chosen)
+            # history's tokens after the model's draft, on the rows it drafts in full
+            after = {}
+            if longest > k:
+                for i in set(live) - takes_history - left_out - skip:
+                    if len(drafts[i]) == k:
+                        more = history.propose_after(req_ids[i], i, drafts[i], longest - k, min_match)
+                        if more:
+                            after[i] = more
             for i in set(live) - left_out - skip:  # a row left out has no draft of the model's
-                scores.of(req_ids[i]).offer(req_ids[i], "model", drafts[i], at[i])
+                row = drafts[i] + after.get(i, [])  # scored whole, drafted as far as it pays
+                scores.of(req_ids[i]).offer(req_ids[i], "model", row, at[i], own=len(drafts[i]))
             for i in candidates:  # history's draft, the model's after it: what would be verified
                 row = found[i] + (drafts[i][len(found[i]) :] if i not in left_out else [])
                 scores.of(req_ids[i]).offer(req_ids[i], "history", row, at[i], own=len(found[i]))
                 if i in takes_history:
                     drafts[i] = row
+            if after:
+                if fit is None:
+                    fit = verify.fit(len(live))
+                rows = sorted(after)
+                extend = []
+                for i in rows:
+                    accepted = scores.of(req_ids[i]).extension_acceptance(req_ids[i], k, len(after[i]))
+                    extend.append(([1.0] * k + accepted, k, k + len(after[i])))
+                for i, m in zip(rows, lengths(extend, False)):
+                    if m > k:
+                        drafts[i] = drafts[i] + after[i][: m - k]
+                        extended.add(i)
+                history.rows["extended"] += len(extended)
         history.rows["long_drafts"] += any(len(row) > k for row in drafts)  # past the model's k
         history.rows["left_out"] += len(left_out)
         took = candidates if first_pass_only else takes_history
         for i in live:
             if drafts[i]:
                 drafted[req_ids[i]] = "history" if i in took else "model"
+        # a row history extended drafted from history too: looked up the next step, and
+        # the replica not idle (its tokens ride the unpadded path only)
+        used = took | extended
         for i in live:
             req = req_ids[i]
             alone[req] = alone.get(req, 0) + 1 if i in took else 0
-            quiet[req] = 0 if i in took else quiet[req] + 1
-        scores.observe({req_ids[i] for i in took}, [req_ids[i] for i in live])
-        if spec_config is not None and not took and scores.idle([req_ids[i] for i in live]):
+            quiet[req] = 0 if i in used else quiet[req] + 1
+        scores.observe({req_ids[i] for i in used}, [req_ids[i] for i in live])
+        if spec_config is not None and not used and scores.idle([req_ids[i] for i in live]):
             padded_left = IDLE_PADDED_STEPS  # the next steps on vLLM's padded path (module docstring)
             spec_config.disable_padded_drafter_batch = False
         last = set(req_ids), len(live), sum(1 + len(drafts[i]) for i in live)
