@@ -219,14 +219,19 @@ def test_history_drafts_past_the_draft_models_k_where_its_acceptance_pays(monkey
     assert runner.model_k[-1] == 2
 
 
-def _extending_hybrid(monkeypatch, fit: Line | None, model_emitted: list[int]) -> tuple[_Runner, object]:
+def _extending_hybrid(
+    monkeypatch, fit: Line | None, model_emitted: list[int], min_draft: int = 1
+) -> tuple[_Runner, object]:
     """The engine built for 6 draft tokens, the draft model asked for its own 3 (MODEL_TOKEN
     each), "a"'s response to PROMPT (5, then the model's 9, 9, 9, then 50 .. 53) in
-    history, and the model measured on "m", which emitted `model_emitted` after its draft."""
+    history, and the model measured on "m", which emitted `model_emitted` after its draft;
+    vLLM's padded drafter path there to switch to (an idle replica's)."""
     monkeypatch.setattr(VerifyCost, "fit", lambda self, rows: fit)
     _model_drafts_every_step(monkeypatch)
     runner = _Runner(engine_k=6)
-    history = install_hybrid(runner, {"min_match": 1}, 1, 1, model_k=3)
+    runner.speculative_config = SimpleNamespace(disable_padded_drafter_batch=True)
+    runner.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
+    history = install_hybrid(runner, {"min_match": 1}, min_draft, 1, model_k=3)
     runner.step({"a": [*PROMPT, 5, 9, 9, 9, 50, 51, 52, 53], "m": [30, 31, 32, 33, 34]}, [[53], [34]])
     runner.step({"m": [30, 31, 32, 33, 34, *model_emitted]}, [model_emitted])  # "a" ended
     return runner, history
@@ -280,6 +285,29 @@ def test_an_extension_is_drafted_as_far_as_it_pays(monkeypatch, model_emitted, f
     drafts = runner.step({"b": [*PROMPT, 5]}, [[5]])
     assert drafts == [[9, 9, 9, 50, 51, 52] if extends else [9, 9, 9]]
     assert history.rows["extended"] == extended + extends
+
+
+@pytest.mark.parametrize(("emitted", "idle"), [([9, 9, 9, 50, 51], False), ([9, 9, 9, 40], True)])
+def test_an_extension_counts_for_the_idle_share_once_a_token_of_it_was_accepted(monkeypatch, emitted, idle):
+    """A replica where no row takes history's own draft (none is a candidate here: 7
+    tokens at least) goes idle whether or not its rows are extended; the first padded step
+    scores the extensions, and one that had a token accepted counts for the share, so the
+    unpadded step after the padded run stays there (an extension that paid), or goes back
+    to the padded path (one that did not)."""
+    monkeypatch.setattr(hybrid, "IDLE_ROWS", 1.0)
+    monkeypatch.setattr(vllm_history, "IDLE_PADDED_STEPS", 1)
+    runner, history = _extending_hybrid(monkeypatch, None, [9, 9, 9, 35], min_draft=7)
+    b = [*PROMPT, 5]  # a request of the recurring kind (its prompt has "a"'s response)
+    assert runner.step({"b": b}, [[5]]) == [[9, 9, 9, 50, 51, 52]]
+    assert not runner.speculative_config.disable_padded_drafter_batch  # none paid yet: idle
+    runner.batch({"b": b})
+    padded = torch.tensor([[*emitted, *[-1] * (7 - len(emitted))]])
+    runner.propose_draft_token_ids(SimpleNamespace(num_spec_tokens_to_schedule=6), padded)
+    assert runner.speculative_config.disable_padded_drafter_batch  # its one padded step ran
+    b = [*b, *emitted]
+    runner.step({"b": [*b, MODEL_TOKEN]}, [[MODEL_TOKEN]])
+    assert runner.speculative_config.disable_padded_drafter_batch != idle
+    assert history.rows["history"] == 0
 
 
 @pytest.mark.parametrize("fit", [None, Line(0.01, 1e-4, resolved=False)])
