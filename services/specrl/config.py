@@ -141,18 +141,20 @@ class HistoryConfig(StrictModel):
     # The longest draft history gives in the hybrid, past the draft model's
     # num_speculative_tokens: the engine is built for this many draft tokens and the draft
     # model still drafts num_speculative_tokens, so a request whose history repeats drafts
-    # further than the model's sequential positions would pay for (None: the model's k).
+    # further than the model's sequential positions would pay for (None: the model's k);
+    # and the draft model's full draft goes on with history's tokens after it, as far as
+    # they are expected to pay (an extension).
     hybrid_max_draft: int | None = Field(None, ge=1, le=MAX_SPECULATIVE_TOKENS)
     # Engine steps in a row a request takes history's draft before it is left out of the
     # draft model's passes (EAGLE-3 only), for as long as history keeps drafting it: the
     # draft model's work runs over the other requests only (0: never leave one out).
     hybrid_leave_out_after: int = Field(2, ge=0)
-    # Where under this share of a kind of request's rows took history's draft lately (a
-    # first epoch, new prompts; fresh requests and those whose prompt has finished
-    # responses are judged apart) new requests of that kind are looked up only every few
-    # steps, and steps in which no row took it, every row's kind idle, run on vLLM's padded
-    # drafter path, the draft model alone (rollout/hybrid.py ByKind, TakenShare; 0: never,
-    # 1: whenever nothing was taken).
+    # Where under this share of a kind of request's rows took history's draft, or had a
+    # token of an extension accepted, lately (a first epoch, new prompts; fresh requests and
+    # those whose prompt has finished responses are judged apart) new requests of that kind
+    # are looked up only every few steps, and steps in which no row did, every row's kind
+    # idle, run on vLLM's padded drafter path, the draft model alone (rollout/hybrid.py
+    # ByKind, TakenShare; 0: never, 1: whenever nothing was taken).
     hybrid_idle_share: float = Field(0.1, ge=0, le=1)
 
     @model_validator(mode="after")

@@ -202,6 +202,7 @@ def test_samples_follow_the_exact_target_distribution(servers, hf, exact, method
             for source, rows in (("history", state.history_rows), ("model", state.model_rows)):
                 assert f'specrl_rollout_history_rows_total{{source="{source}"}} {float(rows)}' in exported
             assert f"specrl_rollout_history_tokens {float(state.history_tokens)}" in exported
+            assert f"specrl_rollout_history_extended_rows_total {float(state.extended_rows)}" in exported
         if spec is HYBRID_IDLE:  # both paths ran
             state = c.status().speculation
             print(name, state)

@@ -21,5 +21,7 @@ def test_rows_are_counted_once_whatever_order_the_reads_land_in():
     rows.publish({"history": 25, "model": 4})  # a later read
     rows.publish({"history": 18, "model": 3})  # one that overtook it: older counts, nothing added
     assert exported("history") == 25 and exported("model") == 4
-    rows.publish({"history": 30, "model": 9})
+    rows.publish({"history": 30, "model": 9, "extended": 5})
     assert exported("history") == 30 and exported("model") == 9
+    rows.publish({"history": 30, "model": 9, "extended": 4})  # an older read
+    assert registry.get_sample_value("specrl_rollout_history_extended_rows_total") == 5

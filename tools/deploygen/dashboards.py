@@ -308,14 +308,20 @@ DASHBOARDS = (
                         + f" / {steps_rate('specrl_rollout_history_rows_total', 'instance')}",
                         "{{instance}}",
                     ),
+                    (
+                        steps_rate("specrl_rollout_history_extended_rows_total", "instance")
+                        + f" / {steps_rate('specrl_rollout_history_rows_total', 'instance')}",
+                        "{{instance}} model's drafts extended",
+                    ),
                 ),
                 unit="percentunit",
                 description="Replicas with speculation.history.hybrid: the request steps drafted "
                 "from the run's own history (earlier epochs' responses, siblings, the prompt) "
                 "against those the draft model drafted, over "
-                f"{STEPS_WINDOW}. Near 0 in a first epoch or on new prompts (the draft model "
-                "drafts), rising from the second epoch where responses repeat earlier ones; a "
-                "replica read every 10 s at most (docs/draft.md).",
+                f"{STEPS_WINDOW}, and the share whose draft-model draft history extended past "
+                "the model's k. History's own drafts: near 0 in a first epoch or on new prompts "
+                "(the draft model drafts), rising from the second epoch where responses repeat "
+                "earlier ones; a replica read every 10 s at most (docs/draft.md).",
             ),
             Panel(
                 "History held (tokens)",

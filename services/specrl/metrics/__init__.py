@@ -149,6 +149,13 @@ class RolloutMetrics:
             ["source"],
             registry=r,
         )
+        self.history_extended_rows = Counter(
+            "specrl_rollout_history_extended_rows",
+            "Request steps whose draft-model draft the hybrid extended with history's tokens "
+            "after it (speculation.history.hybrid_max_draft above the model's k), counted "
+            "among the draft model's rows: read with specrl_rollout_history_rows",
+            registry=r,
+        )
         self.history_tokens = Gauge(
             "specrl_rollout_history_tokens",
             "Tokens the history drafter holds (its suffix trees over each prompt's responses), "

@@ -338,21 +338,23 @@ class RolloutService:
 
 
 class HistoryRows:
-    """The rows (request steps) each source drafted in the hybrid, counted by the engine
-    (they only grow), published as increments of specrl_rollout_history_rows since the
-    highest count read: reads may overtake each other (GetStatus's and the one after a
-    Generate call), and a lower count read late adds nothing."""
+    """The rows (request steps) each source drafted in the hybrid, and the draft model's
+    rows history extended, counted by the engine (they only grow), published as
+    increments of specrl_rollout_history_rows (and _extended_rows) since the highest count
+    read: reads may overtake each other (GetStatus's and the one after a Generate call),
+    and a lower count read late adds nothing."""
 
     def __init__(self, metrics: RolloutMetrics) -> None:
-        self.counter = metrics.history_rows
-        self.seen = dict.fromkeys(SOURCES, 0)
+        self.counters = {source: metrics.history_rows.labels(source=source) for source in SOURCES}
+        self.counters["extended"] = metrics.history_extended_rows
+        self.seen = dict.fromkeys(self.counters, 0)
 
     def publish(self, state: dict[str, int]) -> None:
-        for source, seen in self.seen.items():
-            now = state.get(source, 0)
+        for name, seen in self.seen.items():
+            now = state.get(name, 0)
             if now > seen:
-                self.counter.labels(source=source).inc(now - seen)
-                self.seen[source] = now
+                self.counters[name].inc(now - seen)
+                self.seen[name] = now
 
 
 def _publish(controller: AdaptiveK, metrics: RolloutMetrics) -> None:

@@ -53,8 +53,8 @@ replica's extensions kept that position once they reached it
 (SourceScores.extension_acceptance). That is where history adds to a strong draft model
 it does not beat on its own (RL-Think on the CPU testbed, c=4: EAGLE-3's 3 tokens give
 ~3.4 tokens a step, the hybrid with extensions ~5 from a run's second epoch,
-docs/draft.md). A row extended counts as drafting from history for the replica's idle
-share (the padded path cannot extend). A request that has taken history's
+docs/draft.md). A row whose last extension had a token accepted counts as drafting from
+history for the replica's idle share (the padded path cannot extend). A request that has taken history's
 draft for `history.hybrid_leave_out_after` steps in a row is left out of the draft
 model's passes (its rows cut from them: drafter_rows.py) for as long as history keeps
 it, so the model's first pass and positions run over the other rows only: the price the
@@ -618,8 +618,8 @@ def install_hybrid(
         # a row whose last extension had a token accepted drafted from history too: looked
         # up, and counted for the idle share (the padded path cannot extend). Counted when
         # drafted, extensions that seldom pay kept an idle replica off the padded path: at
-        # RL-Zero's epoch 0, c=16 on the CPU testbed 26% of the rows extended, 3.9 tokens
-        # a step against EAGLE-3 alone's 3.8, 0.83x its tokens per second (docs/draft.md)
+        # RL-Zero's epoch 0, c=16 on the CPU testbed 25% of the rows extended, 3.84 tokens
+        # a step against EAGLE-3 alone's 3.72, 0.85x its tokens per second (docs/draft.md)
         used = took | paid
         for i in live:
             req = req_ids[i]
