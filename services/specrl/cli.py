@@ -537,6 +537,11 @@ def bench_history(
         min=1,
         help="History's longest draft, alone and in the hybrid (at least --k).",
     ),
+    extend: bool = typer.Option(
+        False,
+        help="The hybrid extends the draft model's full drafts with history's tokens "
+        "(speculation.history.hybrid_extend).",
+    ),
     blocks: int = BLOCKS_OPTION,
     servers: str = typer.Option(
         "fresh",
@@ -548,6 +553,8 @@ def bench_history(
     run (the policy trained between epochs), on servers fresh each epoch or kept across."""
     if head not in ("domain", "generic"):
         raise typer.BadParameter(f"--head is domain or generic, not {head!r}")
+    if extend and history_draft <= k:
+        raise typer.BadParameter(f"--extend needs --history-draft above --k ({k}): the room it drafts into")
     from specrl.bench.epochs import SERVERS
     from specrl.bench.history import run_history_bench
 
@@ -564,6 +571,7 @@ def bench_history(
         rounds=rounds,
         head=head,
         history_draft=history_draft,
+        extend=extend,
         console=console,
         blocks=_blocks(blocks, rounds),
         servers=servers,  # type: ignore[arg-type]  # checked against SERVERS above

@@ -141,10 +141,15 @@ class HistoryConfig(StrictModel):
     # The longest draft history gives in the hybrid, past the draft model's
     # num_speculative_tokens: the engine is built for this many draft tokens and the draft
     # model still drafts num_speculative_tokens, so a request whose history repeats drafts
-    # further than the model's sequential positions would pay for (None: the model's k);
-    # and the draft model's full draft goes on with history's tokens after it, as far as
-    # they are expected to pay (an extension).
+    # further than the model's sequential positions would pay for (None: the model's k).
     hybrid_max_draft: int | None = Field(None, ge=1, le=MAX_SPECULATIVE_TOKENS)
+    # With hybrid_max_draft: the draft model's full draft goes on with history's tokens
+    # after it, as far as they are expected to pay (an extension). Pays on long traces
+    # where history alone does not beat the draft model (RL-Think on the CPU testbed, c=4:
+    # 1.29x EAGLE-3 alone from the second epoch); off by default because where extensions
+    # add little they keep a replica off vLLM's padded path (RL-Zero's first epoch, c=16:
+    # 0.85x EAGLE-3 alone; docs/draft.md).
+    hybrid_extend: bool = False
     # Engine steps in a row a request takes history's draft before it is left out of the
     # draft model's passes (EAGLE-3 only), for as long as history keeps drafting it: the
     # draft model's work runs over the other requests only (0: never leave one out).
@@ -176,6 +181,7 @@ class HistoryConfig(StrictModel):
             "hybrid_max_draft",
             "hybrid_leave_out_after",
             "hybrid_idle_share",
+            "hybrid_extend",
         }
         return self.model_dump(exclude=hybrid)
 
@@ -222,6 +228,12 @@ class SpeculationConfig(StrictModel):
             )
         if self.history.hybrid_max_draft is not None:
             self._check_hybrid_max_draft(self.history.hybrid_max_draft)
+        if self.history.hybrid_extend and (self.history.hybrid_max_draft or 0) <= self.num_speculative_tokens:
+            raise ValueError(
+                "speculation.history.hybrid_extend needs hybrid_max_draft above "
+                f"num_speculative_tokens={self.num_speculative_tokens}: the room history's "
+                "tokens after the draft model's take"
+            )
         return self
 
     def _check_hybrid_max_draft(self, longest: int) -> None:

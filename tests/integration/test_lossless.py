@@ -71,6 +71,7 @@ HYBRID = {
         "hybrid_min_match": 1,
         "hybrid_max_draft": 8,
         "hybrid_leave_out_after": 1,
+        "hybrid_extend": True,
     }
 }
 # The hybrid on a replica counted idle wherever a row did not draft from history
@@ -78,7 +79,7 @@ HYBRID = {
 # engine built for EAGLE-3's 3, so that no draft of the model's is extended either): a
 # step in which none took one puts the next ones on vLLM's padded drafter path, the draft
 # model alone, so requests run steps on both paths.
-IDLE = {"hybrid_idle_share": 1.0, "hybrid_min_draft": 4, "hybrid_max_draft": None}
+IDLE = {"hybrid_idle_share": 1.0, "hybrid_min_draft": 4, "hybrid_max_draft": None, "hybrid_extend": False}
 HYBRID_IDLE = {"history": {**HYBRID["history"], **IDLE}}
 METHODS = [
     ("draft_model", 3, "zoo:draft", None),

@@ -220,18 +220,19 @@ def test_history_drafts_past_the_draft_models_k_where_its_acceptance_pays(monkey
 
 
 def _extending_hybrid(
-    monkeypatch, fit: Line | None, model_emitted: list[int], min_draft: int = 1
+    monkeypatch, fit: Line | None, model_emitted: list[int], min_draft: int = 1, extend: bool = True
 ) -> tuple[_Runner, object]:
     """The engine built for 6 draft tokens, the draft model asked for its own 3 (MODEL_TOKEN
     each), "a"'s response to PROMPT (5, then the model's 9, 9, 9, then 50 .. 53) in
     history, and the model measured on "m", which emitted `model_emitted` after its draft;
-    vLLM's padded drafter path there to switch to (an idle replica's)."""
+    vLLM's padded drafter path there to switch to (an idle replica's); `extend`:
+    history.hybrid_extend."""
     monkeypatch.setattr(VerifyCost, "fit", lambda self, rows: fit)
     _model_drafts_every_step(monkeypatch)
     runner = _Runner(engine_k=6)
     runner.speculative_config = SimpleNamespace(disable_padded_drafter_batch=True)
     runner.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
-    history = install_hybrid(runner, {"min_match": 1}, min_draft, 1, model_k=3)
+    history = install_hybrid(runner, {"min_match": 1}, min_draft, 1, model_k=3, extend=extend)
     runner.step({"a": [*PROMPT, 5, 9, 9, 9, 50, 51, 52, 53], "m": [30, 31, 32, 33, 34]}, [[53], [34]])
     runner.step({"m": [30, 31, 32, 33, 34, *model_emitted]}, [model_emitted])  # "a" ended
     return runner, history
@@ -246,6 +247,12 @@ def test_history_extends_the_draft_models_draft_where_its_tokens_are_expected_ac
     extended = history.rows["extended"]  # "m"'s last draft too: its own 9, 9, 9 went on with 35
     assert runner.step({"b": [*PROMPT, 5]}, [[5]]) == [[9, 9, 9, 50, 51, 52]]
     assert history.rows["extended"] == extended + 1 and history.rows["history"] == 0
+
+
+def test_without_hybrid_extend_the_models_draft_is_not_extended(monkeypatch):
+    runner, history = _extending_hybrid(monkeypatch, None, [9, 9, 9, 35], extend=False)
+    assert runner.step({"b": [*PROMPT, 5]}, [[5]]) == [[9, 9, 9]]
+    assert history.rows["extended"] == 0
 
 
 def test_an_extension_is_scored_where_every_one_of_the_models_tokens_agreed():
@@ -1074,9 +1081,11 @@ def test_history_drafting_past_the_model_builds_the_engine_for_the_longer_draft(
     assert spec.engine_k == 8 and spec.k == 3
     assert "hybrid_max_draft" not in spec.history.index_settings()
     assert SpeculationConfig(**eagle, history={"hybrid": True}).engine_k == 3
+    assert "hybrid_extend" not in spec.history.index_settings()
     refused = {
         "needs speculation.history.hybrid": {"history": {"hybrid_max_draft": 8}},
         "below num_speculative_tokens": {"history": {"hybrid": True, "hybrid_max_draft": 2}},
+        "hybrid_extend needs hybrid_max_draft": {"history": {"hybrid": True, "hybrid_extend": True}},
         "adaptive cannot run": {
             "history": {"hybrid": True, "hybrid_max_draft": 8},
             "adaptive": {"enabled": True},

@@ -202,6 +202,7 @@ class VllmEngine:
                 "min_match": h.hybrid_min_match,
                 "leave_out_after": h.hybrid_leave_out_after,
                 "idle_share": h.hybrid_idle_share,
+                "extend": h.hybrid_extend,
                 "model_k": self._model_k,
             }
         args = (h.index_settings(), hybrid)

@@ -354,6 +354,7 @@ def install_hybrid(
     model_k: int | None = None,
     leave_out_after: int = 2,
     idle_share: float = 0.1,
+    extend: bool = False,
 ) -> HistoryProposer:
     """Choose per request between history's draft and the draft model's (module docstring)
     in `runner`: history's is a candidate where it matches the context over `min_match`
@@ -362,7 +363,8 @@ def install_hybrid(
     (history.hybrid_max_draft): a step scheduled for fewer (k_schedule) shortens both
     alike. A request that took history's draft `leave_out_after` steps in a row leaves the
     draft model's passes while history keeps it (0: none does; EAGLE pathway only). Under
-    `idle_share` of the rows taking history's draft, the replica is idle (hybrid.TakenShare)."""
+    `idle_share` of the rows taking history's draft, the replica is idle (hybrid.TakenShare).
+    `extend`: the draft model's full drafts go on with history's tokens (module docstring)."""
     history = HistoryProposer(runner.vllm_config)
     model_k = history.k if model_k is None else model_k
     history.attach(runner, settings)
@@ -581,7 +583,7 @@ def install_hybrid(
             history.rows["model"] += len(live) - len(chosen)
             # history's tokens after the model's draft, on the rows it drafts in full
             after = {}
-            if longest > k:
+            if extend and longest > k:
                 for i in set(live) - takes_history - left_out - skip:
                     if len(drafts[i]) == k:
                         more = history.propose_after(req_ids[i], i, drafts[i], longest - k, min_match)
@@ -599,11 +601,11 @@ def install_hybrid(
                 if fit is None:
                     fit = verify.fit(len(live))
                 rows = sorted(after)
-                extend = []
+                ext_rows = []
                 for i in rows:
                     accepted = scores.of(req_ids[i]).extension_acceptance(req_ids[i], k, len(after[i]))
-                    extend.append(([1.0] * k + accepted, k, k + len(after[i])))
-                for i, m in zip(rows, lengths(extend, False)):
+                    ext_rows.append(([1.0] * k + accepted, k, k + len(after[i])))
+                for i, m in zip(rows, lengths(ext_rows, False)):
                     if m > k:
                         drafts[i] = drafts[i] + after[i][: m - k]
                         extended.add(i)
