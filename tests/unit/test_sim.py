@@ -219,6 +219,20 @@ def _committed() -> dict:
     return json.loads(COMMITTED.read_text())
 
 
+def _same_report(now: object, committed: object) -> bool:
+    """`now` is `committed` but for the last rounded digit of a number: the report rounds
+    to 4 places, and a fresh machine's BLAS can land a value a unit of the 4th decimal off
+    the committing machine's (3.0167 against 3.0166, 2026-12-01). A recalibration moves
+    more than that."""
+    if isinstance(now, dict) and isinstance(committed, dict):
+        return now.keys() == committed.keys() and all(_same_report(now[k], committed[k]) for k in now)
+    if isinstance(now, list) and isinstance(committed, list):
+        return len(now) == len(committed) and all(map(_same_report, now, committed))
+    if isinstance(now, float) and isinstance(committed, (int, float)):
+        return now == pytest.approx(committed, rel=1e-4, abs=1.5e-4)
+    return now == committed
+
+
 def test_validation_rows_are_held_out_committed_and_quoted():
     report = _committed()
     rows, fit = report["validation"], report["gpu_fit"]
@@ -307,7 +321,7 @@ def test_calibration_fits_the_committed_cpu_measurements():
     assert any(r["held_out_rel_error"] != r["rel_error"] for r in decode["rows"])
     assert decode["held_out"]["rms_rel_error"] >= decode["rms_rel_error"]
     assert report["trainer_fit"]["rms_rel_error"] <= 0.20
-    assert report == _committed()["calibration"], (
+    assert _same_report(report, _committed()["calibration"]), (
         "docs/bench/simulator.json is stale: specrl simulate validate"
     )
 
