@@ -54,9 +54,9 @@ replica's extensions kept that position once they reached it
 it does not beat on its own (RL-Think on the CPU testbed, c=4: EAGLE-3's 3 tokens give
 ~3.4 tokens a step, the hybrid with extensions ~5 from a run's second epoch,
 docs/draft.md). A row whose last extension had a token accepted counts as drafting from
-history for the replica's idle share (the padded path cannot extend). A request that has taken history's
-draft for `history.hybrid_leave_out_after` steps in a row is left out of the draft
-model's passes (its rows cut from them: drafter_rows.py) for as long as history keeps
+history for the replica's idle share (the padded path cannot extend).
+A request that has taken history's draft for `history.hybrid_leave_out_after` steps in
+a row is left out of the draft model's passes (its rows cut from them: drafter_rows.py) for as long as history keeps
 it, so the model's first pass and positions run over the other rows only: the price the
 hybrid paid over history alone where history drafts most rows (large batches of prompts
 that come back). Without a history draft, or once the draft model's last score on it is
@@ -413,9 +413,9 @@ def install_hybrid(
             for req, emitted, at in rows:
                 scores.of(req).score(req, emitted, at)
                 realize(req, emitted)
-            # extensions that paid in the unpadded step count for the idle share
-            paid = {req for req, emitted, _ in rows if extension_paid(req, emitted)}
-            scores.observe(paid, [req for req, _, _ in rows])
+            if extended_by:  # extensions that paid in the unpadded step count for the idle share
+                paid = {req for req, emitted, _ in rows if extension_paid(req, emitted)}
+                scores.observe(paid, [req for req, _, _ in rows])
             drafted.clear()  # a row discarded here (a partial prefill) emitted nothing after its draft
             extended_by.clear()
         k = min(scheduler_output.num_spec_tokens_to_schedule, model_k)
