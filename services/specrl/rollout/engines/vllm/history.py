@@ -57,8 +57,8 @@ docs/draft.md). A row whose last extension had a token accepted counts as drafti
 history for the replica's idle share (the padded path cannot extend).
 A request that has taken history's draft for `history.hybrid_leave_out_after` steps in
 a row is left out of the draft model's passes (its rows cut from them: drafter_rows.py)
-for as long as history keeps it, so the model's first pass and positions run over the other rows only: the price the
-hybrid paid over history alone where history drafts most rows (large batches of prompts
+for as long as history keeps it, so the model's first pass and positions run over the
+other rows only: the price the hybrid paid over history alone where history drafts most rows (large batches of prompts
 that come back). Without a history draft, or once the draft model's last score on it is
 better, the request is back in the passes, its draft model's KV cache stale over the
 steps it was out (drafts worse there, never wrong). A request whose history drafts have
