@@ -55,11 +55,11 @@ it does not beat on its own (RL-Think on the CPU testbed, c=4: EAGLE-3's 3 token
 ~3.4 tokens a step, the hybrid with extensions ~5 from a run's second epoch,
 docs/draft.md). A row whose last extension had a token accepted counts as drafting from
 history for the replica's idle share (the padded path cannot extend).
-A request that has taken history's draft for `history.hybrid_leave_out_after` steps in
-a row is left out of the draft model's passes (its rows cut from them: drafter_rows.py)
+A request that has taken history's draft for `history.hybrid_leave_out_after` steps in a
+row is left out of the draft model's passes (its rows cut from them: drafter_rows.py)
 for as long as history keeps it, so the model's first pass and positions run over the
-other rows only: the price the hybrid paid over history alone where history drafts most rows (large batches of prompts
-that come back). Without a history draft, or once the draft model's last score on it is
+other rows only: the price the hybrid paid over history alone where history drafts most
+rows (large batches of prompts that come back). Without a history draft, or once the draft model's last score on it is
 better, the request is back in the passes, its draft model's KV cache stale over the
 steps it was out (drafts worse there, never wrong). A request whose history drafts have
 not been taken for `hybrid.QUIET_AFTER` steps in a row is looked up in history (and both
