@@ -59,31 +59,32 @@ A request that has taken history's draft for `history.hybrid_leave_out_after` st
 row is left out of the draft model's passes (its rows cut from them: drafter_rows.py)
 for as long as history keeps it, so the model's first pass and positions run over the
 other rows only: the price the hybrid paid over history alone where history drafts most
-rows (large batches of prompts that come back). Without a history draft, or once the draft model's last score on it is
-better, the request is back in the passes, its draft model's KV cache stale over the
-steps it was out (drafts worse there, never wrong). A request whose history drafts have
-not been taken for `hybrid.QUIET_AFTER` steps in a row is looked up in history (and both
-its drafts scored) only every `hybrid.PROBE_EVERY` steps; its tokens still go into its
-prompt's tree every step, for its siblings. Requests are of two kinds, each with its own
-replica-level scores and taken share (`hybrid.ByKind`): recurring, whose prompt had
-finished responses when they began (an earlier epoch's, or carried), and fresh (the
-prompt and its siblings only). Where few of a kind's rows take history's drafts
-(`history.hybrid_idle_share`: a first epoch, new prompts) a new request of that kind
-starts so, looked up on its first step. Where a kind's rows that took history's drafts
-emitted fewer tokens a row than its rows the draft model drafted, none of its rows takes
-history's drafts for a while (`hybrid.Realized`: a request's own scores read history
-better by chance on some of many requests; RL-Zero's first epoch, c=4 on the CPU testbed:
-3.4-3.6 tokens a step against EAGLE-3 alone's 3.7, 3.7 with it). In a step where no row
-took history's draft and every row's kind is idle, the replica also runs the next
-`hybrid.IDLE_PADDED_STEPS` steps on vLLM's padded drafter path (vLLM reads
-`disable_padded_drafter_batch` every step): the draft model drafts alone, before
-bookkeeping, as EAGLE-3 alone does, history's trees take those steps' tokens when their
-requests next draft or leave the batch (`HistoryProposer._watch`), and the drafts offered
-in the unpadded step before them are scored against the first one's (left unscored, a replica
-idle at every step never took history's drafts again: a server kept across a run's
-epochs at c=64, RL-Zero on the CPU testbed, used none after its first). RL-Zero epoch 0,
-c=16 on the testbed: the unpadded path made the draft model's call ~12% longer,
-and ~1% fewer tokens a step were emitted (docs/draft.md).
+rows (large batches of prompts that come back). Without a history draft, or once the
+draft model's last score on it is better, the request is back in the passes, its draft
+model's KV cache stale over the steps it was out (drafts worse there, never wrong). A
+request whose history drafts have not been taken for `hybrid.QUIET_AFTER` steps in a row
+is looked up in history (and both its drafts scored) only every `hybrid.PROBE_EVERY`
+steps; its tokens still go into its prompt's tree every step, for its siblings. Requests
+are of two kinds, each with its own replica-level scores and taken share
+(`hybrid.ByKind`): recurring, whose prompt had finished responses when they began (an
+earlier epoch's, or carried), and fresh (the prompt and its siblings only). Where few of
+a kind's rows take history's drafts (`history.hybrid_idle_share`: a first epoch, new
+prompts) a new request of that kind starts so, looked up on its first step. Where a
+kind's rows that took history's drafts emitted fewer tokens a row than its rows the
+draft model drafted, none of its rows takes history's drafts for a while
+(`hybrid.Realized`: a request's own scores read history better by chance on some of many
+requests; RL-Zero's first epoch, c=4 on the CPU testbed: 3.4-3.6 tokens a step against
+EAGLE-3 alone's 3.7, 3.7 with it). In a step where no row took history's draft and every
+row's kind is idle, the replica also runs the next `hybrid.IDLE_PADDED_STEPS` steps on
+vLLM's padded drafter path (vLLM reads `disable_padded_drafter_batch` every step): the
+draft model drafts alone, before bookkeeping, as EAGLE-3 alone does, history's trees
+take those steps' tokens when their requests next draft or leave the batch
+(`HistoryProposer._watch`), and the drafts offered in the unpadded step before them are
+scored against the first one's (left unscored, a replica idle at every step never took
+history's drafts again: a server kept across a run's epochs at c=64, RL-Zero on the CPU
+testbed, used none after its first). RL-Zero epoch 0, c=16 on the testbed: the unpadded
+path made the draft model's call ~12% longer, and ~1% fewer tokens a step were emitted
+(docs/draft.md).
 
 Lossless: specrl runs the draft model with vLLM's greedy draft sampling (its default), so
 both drafts are deterministic functions of what the engine holds before the step (the
