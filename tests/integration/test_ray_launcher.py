@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import itertools
 import secrets
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,34 +38,22 @@ from specrl.rollout.api import RolloutClient
 from specrl.serving import health_of
 from specrl.weightsync.sender import WeightSender
 
+import helpers
 from helpers import SpecrlRun, run_steps, tiny_run_config, wait_for, wait_for_steps
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
-RAY = str(Path(sys.executable).with_name("ray"))
 STEPS, PROMPTS, N = 4, 4, 4
 
 
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[str]:
-    """A one-node Ray cluster on loopback with 8 logical CPUs (placement needs, not this
-    machine's cores) and a small object store (nothing large moves through it; a CI
-    container's /dev/shm may be small); its address. A short temp dir: Ray's sockets
-    live there."""
-    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    port = next(p for p in iter(free_port, None) if p >= 20000)  # Ray's workers take 10002-19999
-    started = subprocess.run(
-        [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "8",
-         "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
-         "--disable-usage-stats", "--temp-dir", temp],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    if started.returncode:  # e.g. a Ray instance already running on this machine
-        pytest.fail(f"ray start --head failed ({started.returncode}):\n{started.stdout}\n{started.stderr}")
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
-        shutil.rmtree(temp, ignore_errors=True)
+    """A one-node Ray cluster on loopback for this module (helpers.ray_head), without
+    token authentication, said explicitly: Ray turns it on for a head that finds
+    ~/.ray/auth_token (any local `ray.init()` writes one), and this process, the driver,
+    fixed its own mode when it imported ray (vLLM imports it) with no RAY_AUTH_MODE set.
+    Token authentication is tested in test_ray_auth.py."""
+    with helpers.ray_head({"RAY_AUTH_MODE": "disabled"}) as address:
+        yield address
 
 
 @pytest.fixture

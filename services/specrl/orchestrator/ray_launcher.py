@@ -83,8 +83,21 @@ def connect(cfg: RayLauncherConfig) -> Any:
     try:
         ray.init(address=address, namespace=cfg.namespace, log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError) as e:
-        raise RayUnavailable(f"could not join the Ray cluster at {address}: {e}") from None
+        raise RayUnavailable(f"could not join the Ray cluster at {address}: {e}{_auth_hint()}") from None
     return ray
+
+
+def _auth_hint() -> str:
+    """What a driver without token authentication is told: Ray turns it on for a cluster
+    whose head found a token (~/.ray/auth_token, written by any local `ray.init()`), and
+    a driver given an address never turns it on by itself; it reads RAY_AUTH_MODE when
+    `ray` is imported."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return ""
+    return (
+        " (a cluster with token authentication needs RAY_AUTH_MODE=token and its token in "
+        "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, set before specrl starts)"
+    )
 
 
 def bundle(cpus: float, gpus: int) -> dict[str, float]:
