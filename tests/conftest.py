@@ -18,6 +18,25 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from helpers import ServerPool, system_run
 
+# Modules that must run on the same pytest-xdist worker as another: they share a session
+# fixture (computed once per worker) or a machine-wide resource (Ray's fixed ports, and
+# `ray stop --force` stops every Ray on the machine).
+SAME_WORKER = {
+    "test_system_lossless": "adapted_run",
+    "test_draft_trainer": "adapted_run",
+    "test_ray_auth": "ray",
+    "test_ray_launcher": "ray",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`): each
+    module's tests go to one worker, in order, so its fixtures and the worker's rollout
+    server are reused as in a run of the module alone; SAME_WORKER joins modules."""
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(module, module)))
+
 
 @pytest.fixture(scope="session")
 def zoo() -> dict:

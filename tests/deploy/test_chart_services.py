@@ -144,6 +144,7 @@ def on_loopback(text: str, redis_port: int) -> str:
     return text.replace("127.0.0.1:6379", f"127.0.0.1:{redis_port}")
 
 
+@pytest.mark.timed
 def test_the_rendered_cpu_deployment_trains_with_speculative_rollouts(zoo, tmp_path, monkeypatch):
     args, ports = small_values(tmp_path)
     docs = render(*args)

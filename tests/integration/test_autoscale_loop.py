@@ -40,6 +40,7 @@ STEPS = 24
 PROMPTS = 24  # a step's groups: 12 rounds of 2 slots on one replica, 0.1 s each
 
 
+@pytest.mark.timed
 def test_the_loop_scales_rollout_out_to_its_exposed_generation_target(tmp_path, monkeypatch):
     # the chart's Role for the orchestrator (release rl in namespace train)
     api = FakeKubeApi(

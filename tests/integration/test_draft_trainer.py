@@ -32,7 +32,7 @@ from specrl.trainer.capture import Capturer
 
 from helpers import system_run
 
-pytestmark = [pytest.mark.zoo]
+pytestmark = [pytest.mark.zoo, pytest.mark.timed]  # the draft-trainer keeps pace with the loop
 
 
 @pytest.mark.vllm

@@ -98,6 +98,7 @@ def _run(
     return [json.loads(fields["data"]) for _, fields in streams.r.xrange(streams.rollouts)]
 
 
+@pytest.mark.timed
 def test_a_generation_far_longer_than_the_stall_limit_finishes_once_while_its_replica_progresses(tmp_path):
     """What a 30k-token group is to a GB200 replica: calls of 4 s, 4x the stall limit and
     4x the time after which Redis would reclaim an idle entry. The replica's engine makes

@@ -106,6 +106,7 @@ def test_synchronous_steps_train_on_the_current_policy_only(services, tmp_path):
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "capture is off" in e.value.details()
 
 
+@pytest.mark.timed
 def test_asynchronous_steps_overlap_generation_within_the_lag_bound(services, tmp_path):
     _, records = _run(services, tmp_path, "async", 4, max_lag=1)
     _check_common(records, lag_bound=1)

@@ -54,6 +54,7 @@ def test_groups_flow_from_prompts_to_trained_exactly_once(redis_server):
     assert streams.take_rollouts("orch", count=10, block_ms=50) == []
 
 
+@pytest.mark.timed
 def test_a_dead_generators_prompt_is_reclaimed_and_a_failed_one_requeued(redis_server):
     streams = RunStreams.connect(redis_server.url, "t2", reclaim_idle_s=0.3)
     streams.publish([_prompt(0), _prompt(1)])

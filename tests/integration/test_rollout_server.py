@@ -198,6 +198,7 @@ def test_verify_lossless_command_against_the_running_server(eagle, tmp_path):
     assert bad.returncode == 2 and "requests must be between 1 and samples (10), got 11" in bad.stderr, bad
 
 
+@pytest.mark.timed
 def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(servers):
     """speculation.k_schedule (vLLM's dynamic speculative decoding): a server started
     with k=0 everywhere serves with its drafter paused from the start; then k=3 for one
@@ -251,6 +252,7 @@ def test_k_schedule_sets_the_draft_length_by_batch_size_and_stays_lossless(serve
         assert off.drafts == 0
 
 
+@pytest.mark.timed
 def test_k0_everywhere_pauses_the_drafter_and_drafting_resumes_under_running_requests(servers):
     """With k=0 at every batch size the engine skips the drafter altogether (vLLM would
     still run it each step to keep its KV cache current): samples are the ones k=0 with
@@ -438,6 +440,7 @@ def useless_draft(tmp_path_factory) -> str:
     return random_weights(tmp_path_factory.mktemp("random-draft"), "zoo:eagle3-generic")
 
 
+@pytest.mark.timed
 def test_adaptive_k_keeps_speculation_where_it_pays(servers):
     """speculation.adaptive on a real engine, where the engine's measured costs decide:
     one sequence at a time (engine batch 1) with the in-domain head (acceptance ~3.5 at
@@ -509,6 +512,7 @@ def test_adaptive_k_turns_a_never_accepted_draft_off_at_every_batch_size(
         assert 'specrl_rollout_adaptive_tokens_per_second{batch_sizes="49-64",k="0"}' in body
 
 
+@pytest.mark.timed
 def test_a_probe_that_turns_speculation_off_says_so_in_the_log(servers, useless_draft):
     """The controller's global decision on a real engine: a random head at 64 sequences
     costs more than it saves (see above), so the first probe (after

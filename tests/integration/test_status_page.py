@@ -118,6 +118,7 @@ def test_the_page_shows_live_numbers_and_draws_the_stage_chart(page):
         b.quit()
 
 
+@pytest.mark.timed
 def test_replica_health_is_asked_at_most_once_per_interval_and_at_once_for_new_replicas():
     """A real gRPC health service whose status changes: the cache answers from its last
     asking within `max_age_s`, asks again after it, and at once when the replicas change."""

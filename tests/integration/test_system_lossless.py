@@ -24,7 +24,7 @@ import pytest
 
 from specrl.stats.runs import detectable_reward_difference, reward_difference_p
 
-pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timed, pytest.mark.timeout(1200)]  # adapted_run
 
 ALPHA = 1e-3
 # Float32 on both sides; the step benchmark measured a max abs mismatch of ~1e-5 with

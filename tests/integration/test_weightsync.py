@@ -354,6 +354,7 @@ def test_a_receiver_killed_mid_broadcast_is_dropped_and_the_rest_get_the_update(
     assert p2.address not in policy.members
 
 
+@pytest.mark.timed
 def test_an_update_whose_sender_died_before_commit_is_abandoned_when_a_new_sender_joins(system):
     """A sender killed between the broadcast and Commit (a trainer pod dying) leaves the
     replica holding a complete, uncommitted update. The next sender (the trainer started

@@ -220,6 +220,7 @@ def test_adaptive_bench_pairs_each_round_with_ar_and_the_best_fixed_k():
     assert adaptive["paired_vs_best_k"] == pytest.approx(geo, rel=1e-3)
 
 
+@pytest.mark.timed
 def test_measurements_wait_for_the_cpu_to_go_quiet():
     import subprocess
     import sys

@@ -573,6 +573,7 @@ def test_with_the_models_positions_each_row_is_expected_at_the_source_it_takes(m
     assert (tokens_first_pass, tokens_full) == (pytest.approx(1 + 1.0 + 1), pytest.approx(1 + 1.0 + 1 + 2))
 
 
+@pytest.mark.timed
 def test_history_alone_is_expected_to_emit_what_its_draft_now_offers(monkeypatch):
     """A step of history's drafts alone is judged by the draft history offers now,
     position by position (SourceScores.position_acceptance), not by the tokens its last
@@ -665,6 +666,7 @@ def test_a_step_after_the_engine_may_have_idled_times_nothing(monkeypatch):
     assert timed[3] is not None
 
 
+@pytest.mark.timed
 def test_the_draft_model_drafts_again_after_a_run_of_first_passes(monkeypatch):
     """After REMEASURE_EVERY steps of history alone, one step where the draft model drafts
     (and is scored) again: its weights may have changed since it was last measured."""
@@ -1006,6 +1008,7 @@ class _TimedEagleRunner(_EagleRunner):
         return super()._pass(k, tokens, positions, hidden, next_ids, to_sample, cad, *args, **kwargs)
 
 
+@pytest.mark.timed
 def test_a_step_with_the_models_positions_times_its_first_pass_too(monkeypatch):
     """A step where the draft model drafts its k positions also times its first pass (to
     its first forward's end: FirstForward), as a step of history alone's would be: the
