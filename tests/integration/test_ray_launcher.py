@@ -9,12 +9,16 @@ actors, `specrl serve rollout` and `rollout-worker` as a LeaderWorkerSet's pods 
 serves the policy and takes weight updates on both, starts again whole when a node dies,
 and its other node ends by itself when node 0 goes. Bad input (no cluster, too few
 resources, a Ray release the launcher does not support) is an error before anything
-starts."""
+starts. A cluster with token authentication is joined with its token, and refused
+without it, saying what to set."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,13 +49,55 @@ pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 STEPS, PROMPTS, N = 4, 4, 4
 
 
+# A driver of its own process (a process fixes its authentication mode as it imports ray).
+DRIVER = """
+import sys
+from specrl.config import RayLauncherConfig
+from specrl.orchestrator import ray_launcher
+try:
+    ray = ray_launcher.connect(RayLauncherConfig(address=sys.argv[1]))
+except ray_launcher.RayUnavailable as e:
+    print("refused:", e)
+    sys.exit(3)
+print("cpus:", ray.get(ray.remote(lambda: ray.cluster_resources()["CPU"]).remote()))
+"""
+
+
+def _driver(address: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    return subprocess.run(
+        [sys.executable, "-c", DRIVER, address],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_cluster_with_token_authentication_is_joined_with_its_token_and_refused_without():
+    """Token authentication (what Ray turns on for a head that finds a token, and KubeRay's
+    `authOptions: {mode: token}`): a driver with RAY_AUTH_MODE=token and the cluster's
+    token joins and runs work there; one without them is refused, told what to set. First
+    in this module, before its own cluster starts: two Ray heads on one machine share
+    Ray's fixed ports, and `ray stop --force` stops both."""
+    token = secrets.token_hex(32)
+    with helpers.ray_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) as address:
+        joined = _driver(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+        assert joined.returncode == 0, joined.stdout + joined.stderr[-3000:]
+        assert "cpus: 8.0" in joined.stdout
+        refused = _driver(address, {})
+        assert refused.returncode == 3, refused.stdout + refused.stderr[-3000:]
+        assert f"could not join the Ray cluster at {address}" in refused.stdout
+        assert "needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN" in refused.stdout
+
+
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[str]:
     """A one-node Ray cluster on loopback for this module (helpers.ray_head), without
     token authentication, said explicitly: Ray turns it on for a head that finds
     ~/.ray/auth_token (any local `ray.init()` writes one), and this process, the driver,
     fixed its own mode when it imported ray (vLLM imports it) with no RAY_AUTH_MODE set.
-    Token authentication is tested in test_ray_auth.py."""
+    Token authentication: the first test."""
     with helpers.ray_head({"RAY_AUTH_MODE": "disabled"}) as address:
         yield address
 
