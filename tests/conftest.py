@@ -4,12 +4,8 @@ the tests share are in helpers.py."""
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -21,45 +17,6 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from helpers import ServerPool, system_run
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    """Under pytest-xdist (`make test`: two workers, a module's tests on one), a test
-    marked `timed` (what time or costs measured at run time decide) runs alone: it takes
-    an exclusive lock the other tests share, and waits for the other worker's test to end
-    (setup and teardown included, so a module's servers too); a turnstile keeps the other
-    worker from starting another meanwhile. Outside xdist this does nothing."""
-    root = _locks()
-    if root is None:
-        yield
-        return
-    root.mkdir(exist_ok=True)
-    with open(root / "turnstile", "w") as turnstile, open(root / "alone", "w") as alone:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        timed = item.get_closest_marker("timed") is not None
-        fcntl.flock(alone, fcntl.LOCK_EX if timed else fcntl.LOCK_SH)
-        if not timed:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(alone, fcntl.LOCK_UN)
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-
-
-def pytest_sessionfinish() -> None:
-    """A worker done with its tests removes the locks (the other, if still running,
-    makes them again: it is the only one left)."""
-    root = _locks()
-    if root is not None:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _locks() -> Path | None:
-    """Where this xdist run's workers keep their locks (None outside xdist)."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    return None if run is None else Path(tempfile.gettempdir()) / f"specrl-tests-{run}"
 
 
 @pytest.fixture(scope="session")
