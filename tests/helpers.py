@@ -10,12 +10,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,33 +62,6 @@ class ServerPool:
         if self._proc is not None:
             self._proc.stop()
         self._proc, self._key = None, None
-
-
-@contextmanager
-def ray_head(env: dict[str, str]) -> Iterator[str]:
-    """A one-node Ray cluster on loopback (`ray start --head`, the `ray` package from
-    PyPI; `env`: its authentication settings) with 8 logical CPUs (placement needs, not
-    this machine's cores) and a small object store (nothing large moves through it; a CI
-    container's /dev/shm may be small); its address, stopped after. A short temp dir:
-    Ray's sockets live there."""
-    from specrl.launcher import free_port
-
-    ray = str(Path(sys.executable).with_name("ray"))
-    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    port = next(p for p in iter(free_port, None) if p >= 20000)  # Ray's workers take 10002-19999
-    started = subprocess.run(
-        [ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "8",
-         "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
-         "--disable-usage-stats", "--temp-dir", temp],
-        capture_output=True, text=True, timeout=120, env={**os.environ, **env},
-    )  # fmt: skip
-    if started.returncode:  # e.g. a Ray instance already running on this machine
-        pytest.fail(f"ray start --head failed ({started.returncode}):\n{started.stdout}\n{started.stderr}")
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([ray, "stop", "--force"], capture_output=True, timeout=120)
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def server_config(

@@ -164,7 +164,7 @@ def sample(client, ids, setting, n=N, seed=None):
 
 
 # The hybrid cell's extensions are drafted as far as the engine's measured step costs say
-# they pay, and it asserts some were: timed (run alone).
+# they pay, and it asserts some were: timed.
 CELLS = [pytest.param(*m, marks=pytest.mark.timed) if m[3] is HYBRID else m for m in METHODS]
 
 

@@ -17,10 +17,13 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -42,11 +45,35 @@ from specrl.rollout.api import RolloutClient
 from specrl.serving import health_of
 from specrl.weightsync.sender import WeightSender
 
-import helpers
 from helpers import SpecrlRun, run_steps, tiny_run_config, wait_for, wait_for_steps
 
 pytestmark = [pytest.mark.vllm, pytest.mark.zoo, pytest.mark.timeout(900)]
 STEPS, PROMPTS, N = 4, 4, 4
+
+
+@contextmanager
+def ray_head_started(env: dict[str, str]) -> Iterator[str]:
+    """A one-node Ray cluster on loopback (`ray start --head`, the `ray` package from
+    PyPI; `env`: its authentication settings) with 8 logical CPUs (placement needs, not
+    this machine's cores) and a small object store (nothing large moves through it; a CI
+    container's /dev/shm may be small); its address, stopped after. A short temp dir:
+    Ray's sockets live there."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    port = next(p for p in iter(free_port, None) if p >= 20000)  # Ray's workers take 10002-19999
+    started = subprocess.run(
+        [ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "8",
+         "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
+         "--disable-usage-stats", "--temp-dir", temp],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **env},
+    )  # fmt: skip
+    if started.returncode:  # e.g. a Ray instance already running on this machine
+        pytest.fail(f"ray start --head failed ({started.returncode}):\n{started.stdout}\n{started.stderr}")
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([ray, "stop", "--force"], capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 # A driver of its own process (a process fixes its authentication mode as it imports ray).
@@ -81,7 +108,7 @@ def test_a_cluster_with_token_authentication_is_joined_with_its_token_and_refuse
     in this module, before its own cluster starts: two Ray heads on one machine share
     Ray's fixed ports, and `ray stop --force` stops both."""
     token = secrets.token_hex(32)
-    with helpers.ray_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) as address:
+    with ray_head_started({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) as address:
         joined = _driver(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
         assert joined.returncode == 0, joined.stdout + joined.stderr[-3000:]
         assert "cpus: 8.0" in joined.stdout
@@ -93,12 +120,12 @@ def test_a_cluster_with_token_authentication_is_joined_with_its_token_and_refuse
 
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[str]:
-    """A one-node Ray cluster on loopback for this module (helpers.ray_head), without
+    """A one-node Ray cluster on loopback for this module (ray_head_started), without
     token authentication, said explicitly: Ray turns it on for a head that finds
     ~/.ray/auth_token (any local `ray.init()` writes one), and this process, the driver,
     fixed its own mode when it imported ray (vLLM imports it) with no RAY_AUTH_MODE set.
     Token authentication: the first test."""
-    with helpers.ray_head({"RAY_AUTH_MODE": "disabled"}) as address:
+    with ray_head_started({"RAY_AUTH_MODE": "disabled"}) as address:
         yield address
 
 
