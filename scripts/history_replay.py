@@ -1,9 +1,10 @@
 """How many tokens history's drafts would have had accepted, replayed offline: a zoo
 policy samples `--samples` responses to each of `--prompts` different training prompts in
-two independent passes (vLLM, temperature 1), then the second is replayed token by token
-with the first as the prompts' history (as `bench history` carries it) and the sibling
-samples growing beside each other, drafting with specrl.rollout.history at each setting
-of the grid.
+`--passes` independent passes (vLLM, temperature 1; saved to, or read back from,
+`--responses`), then each pass after the first is replayed token by token with the
+earlier ones as the prompts' history (as kept servers hold earlier epochs') and the
+sibling samples growing beside each other, drafting with specrl.rollout.history at each
+setting of the grid; the first pass is replayed with its siblings and the prompt only.
 
 A deterministic draft token is accepted with the probability that the policy samples it,
 so the leading draft tokens that agree with the policy's own next tokens are distributed
@@ -13,7 +14,8 @@ acceptance without an engine, in seconds per setting, free of the timing noise o
 upper bound on what `bench history` measures after the policy moved.
 
 Why: on RL-Think the hybrid barely beats EAGLE-3 alone; this says whether any history
-setting could (docs/benchmarks.md, "History drafting over the epochs of an RL run").
+setting could (docs/benchmarks.md, "History drafting over the epochs of an RL run"), and
+what a change to the index gains on the same responses (docs/draft.md).
 
     .venv/bin/python scripts/history_replay.py --task rl-think [--out replay.json]
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 
 import numpy as np
 from rich.console import Console
@@ -36,7 +39,7 @@ from specrl.rollout.hybrid import agreed
 Responses = dict[str, dict]  # prompt -> {"prompt": token ids, "passes": [[response ids]]}
 
 
-def sample(task: str, prompts: int, samples: int, console: Console) -> Responses:
+def sample(task: str, prompts: int, samples: int, passes: int, console: Console) -> Responses:
     from vllm import LLM, SamplingParams
 
     t = TASKS[task]
@@ -45,25 +48,25 @@ def sample(task: str, prompts: int, samples: int, console: Console) -> Responses
     tokenizer = llm.get_tokenizer()
     ids = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in texts]
     out: Responses = {p: {"prompt": i["prompt_token_ids"], "passes": []} for p, i in zip(texts, ids)}
-    for n in range(2):  # vLLM seeds a request's n samples seed, seed + 1, ...: far apart
+    for n in range(passes):  # vLLM seeds a request's n samples seed, seed + 1, ...: far apart
         params = SamplingParams(temperature=1.0, max_tokens=t.max_tokens, n=samples, seed=1000 * n + 7)
         for p, r in zip(texts, llm.generate(ids, params, use_tqdm=False)):
             out[p]["passes"].append([list(o.token_ids) for o in r.outputs])
     return out
 
 
-def replay(data: Responses, draft: int, **settings: float) -> dict[str, float]:
+def replay(data: Responses, draft: int, replayed: int, **settings: float) -> dict[str, float]:
     """Tokens per step over every step, and as vLLM counts acceptance (1 + accepted per
-    step that drafted), for the second pass with the first as history."""
+    step that drafted), for pass `replayed` with the earlier ones as history."""
     index = HistoryIndex(**settings)
     steps = drafted = accepted = emitted = 0
     for key, d in data.items():
         k, prompt = key.encode(), d["prompt"]
-        for response in d["passes"][0]:
+        for response in itertools.chain(*d["passes"][:replayed]):
             seq = index.start(k, prompt)
             index.extend(k, seq, response)
             index.finish(k, seq)
-        siblings = d["passes"][1]
+        siblings = d["passes"][replayed]
         seqs = [index.start(k, prompt) for _ in siblings]
         at = [0] * len(siblings)
         while any(a < len(r) for a, r in zip(at, siblings)):
@@ -91,20 +94,35 @@ def main() -> None:
     parser.add_argument("--task", default="rl-think", choices=sorted(TASKS))
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--samples", type=int, default=4, help="per prompt and pass (a group)")
+    parser.add_argument("--passes", type=int, default=2, help="epochs of the same policy")
+    parser.add_argument(
+        "--responses", help="JSON file of the sampled responses: read if it exists, else written"
+    )
     parser.add_argument("--draft", default="3,8,12", help="history's longest drafts")
     parser.add_argument("--max-spec-factor", default="1,2,4")
     parser.add_argument("--min-token-prob", default="0.1,0.3")
     parser.add_argument("--out", help="JSON file for the rows")
     opts = parser.parse_args()
     console = Console(stderr=True)
-    data = sample(opts.task, opts.prompts, opts.samples, console)
+    if opts.responses and os.path.exists(opts.responses):
+        with open(opts.responses) as f:
+            data = json.load(f)
+    else:
+        data = sample(opts.task, opts.prompts, opts.samples, opts.passes, console)
+        if opts.responses:
+            with open(opts.responses, "w") as f:
+                json.dump(data, f)
+    passes = len(next(iter(data.values()))["passes"])
     rows = []
     grid = itertools.product(
         *(map(float, v.split(",")) for v in (opts.draft, opts.max_spec_factor, opts.min_token_prob))
     )
-    for draft, factor, prob in grid:
-        row = {"task": opts.task, "draft": int(draft), "max_spec_factor": factor, "min_token_prob": prob}
-        rows.append(row | replay(data, int(draft), max_spec_factor=factor, min_token_prob=prob))
+    for (draft, factor, prob), replayed in itertools.product(grid, range(passes)):
+        row = {"task": opts.task, "pass": replayed, "draft": int(draft), "max_spec_factor": factor}
+        row |= {"min_token_prob": prob} | replay(
+            data, int(draft), replayed, max_spec_factor=factor, min_token_prob=prob
+        )
+        rows.append(row)
         console.print(rows[-1])
     if opts.out:
         with open(opts.out, "w") as f:
