@@ -44,7 +44,8 @@ def sample(task: str, prompts: int, samples: int, passes: int, console: Console)
 
     t = TASKS[task]
     texts = zoo_prompts(prompts, console, distinct=True)
-    llm = LLM(model=resolve_model_path(f"zoo:{t.zoo}target"), dtype="float32", max_model_len=512, seed=0)
+    model = resolve_model_path(f"zoo:{t.zoo}target")
+    llm = LLM(model=model, dtype="float32", max_model_len=512, seed=0, enforce_eager=True)  # as servers run
     tokenizer = llm.get_tokenizer()
     ids = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in texts]
     out: Responses = {p: {"prompt": i["prompt_token_ids"], "passes": []} for p, i in zip(texts, ids)}
