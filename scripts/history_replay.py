@@ -3,7 +3,8 @@ policy samples `--samples` responses to each of `--prompts` different training p
 `--passes` independent passes (vLLM, temperature 1; saved to, or read back from,
 `--responses`), then each pass after the first is replayed token by token with the
 earlier ones as the prompts' history (as kept servers hold earlier epochs') and the
-sibling samples growing beside each other, drafting with specrl.rollout.history at each
+sibling samples growing beside each other (each step drafting from the others' tokens of
+the steps before it, as the engine's rows do), drafting with specrl.rollout.history at each
 setting of the grid; the first pass is replayed with its siblings and the prompt only.
 
 A deterministic draft token is accepted with the probability that the policy samples it,
@@ -70,19 +71,23 @@ def replay(data: Responses, draft: int, replayed: int, **settings: float) -> dic
         siblings = d["passes"][replayed]
         seqs = [index.start(k, prompt) for _ in siblings]
         at = [0] * len(siblings)
-        while any(a < len(r) for a, r in zip(at, siblings)):
-            for i, r in enumerate(siblings):  # the siblings grow a step at a time, together
-                if at[i] >= len(r):
-                    continue
+        live = [i for i, r in enumerate(siblings) if r]
+        while live:  # the siblings grow a step at a time, together
+            grown = []
+            for i in live:  # each drafts from the others' tokens of the steps before, as in the engine
+                r = siblings[i]
                 found = index.propose(k, seqs[i], np.array(prompt + r[: at[i]], dtype=np.int32), draft)
                 n = agreed(found, r[at[i] :])
                 step = min(n + 1, len(r) - at[i])
                 steps, drafted, accepted = steps + 1, drafted + bool(found), accepted + n
                 emitted += step
-                index.extend(k, seqs[i], r[at[i] : at[i] + step])
+                grown.append((i, r[at[i] : at[i] + step]))
                 at[i] += step
-        for seq in seqs:
-            index.finish(k, seq)
+            for i, tokens in grown:  # the step's tokens into the trees, a finished response ended
+                index.extend(k, seqs[i], tokens)
+                if at[i] >= len(siblings[i]):
+                    index.finish(k, seqs[i])
+            live = [i for i in live if at[i] < len(siblings[i])]
     return {
         "tokens_per_step": round(emitted / steps, 3),
         "acceptance_length": round(1 + accepted / drafted, 3) if drafted else 1.0,
