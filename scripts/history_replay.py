@@ -76,7 +76,8 @@ def replay(data: Responses, draft: int, replayed: int, **settings: float) -> dic
             grown = []
             for i in live:  # each drafts from the others' tokens of the steps before, as in the engine
                 r = siblings[i]
-                found = index.propose(k, seqs[i], np.array(prompt + r[: at[i]], dtype=np.int32), draft)
+                context = np.array(prompt + r[: at[i]], dtype=np.int32)
+                found = index.propose(k, seqs[i], context, at[i], draft)
                 n = agreed(found, r[at[i] :])
                 step = min(n + 1, len(r) - at[i])
                 steps, drafted, accepted = steps + 1, drafted + bool(found), accepted + n
@@ -107,6 +108,7 @@ def main() -> None:
     parser.add_argument("--draft", default="3,8,12", help="history's longest drafts")
     parser.add_argument("--max-spec-factor", default="1,2,4")
     parser.add_argument("--min-token-prob", default="0.1,0.3")
+    parser.add_argument("--max-depth", default="16", help="tokens a match and its draft span")
     parser.add_argument("--out", help="JSON file for the rows")
     opts = parser.parse_args()
     console = Console(stderr=True)
@@ -120,14 +122,12 @@ def main() -> None:
                 json.dump(data, f)
     passes = len(next(iter(data.values()))["passes"])
     rows = []
-    grid = itertools.product(
-        *(map(float, v.split(",")) for v in (opts.draft, opts.max_spec_factor, opts.min_token_prob))
-    )
-    for (draft, factor, prob), replayed in itertools.product(grid, range(passes)):
-        row = {"task": opts.task, "pass": replayed, "draft": int(draft), "max_spec_factor": factor}
-        row |= {"min_token_prob": prob} | replay(
-            data, int(draft), replayed, max_spec_factor=factor, min_token_prob=prob
-        )
+    settings = (opts.draft, opts.max_spec_factor, opts.min_token_prob, opts.max_depth)
+    grid = itertools.product(*(map(float, v.split(",")) for v in settings))
+    for (draft, factor, prob, depth), replayed in itertools.product(grid, range(passes)):
+        tree = {"max_spec_factor": factor, "min_token_prob": prob, "max_depth": int(depth)}
+        row = {"task": opts.task, "pass": replayed, "draft": int(draft)} | tree
+        row |= replay(data, int(draft), replayed, **tree)
         rows.append(row)
         console.print(rows[-1])
     if opts.out:

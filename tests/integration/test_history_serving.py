@@ -48,7 +48,7 @@ def _replayed(cfg, prompt: list[int], target: list[int], carried: list[int] | No
         index.extend(key, seq, target[held:done])
         held = done
         context = (prompt + target[:done])[-index.max_depth - 1 :]
-        draft = index.propose(key, seq, context, cfg.speculation.num_speculative_tokens)
+        draft = index.propose(key, seq, context, done, cfg.speculation.num_speculative_tokens)
         a = next((i for i, t in enumerate(draft) if t != target[done + i]), len(draft))
         drafts, draft_tokens, accepted = drafts + bool(draft), draft_tokens + len(draft), accepted + a
         done += a + 1

@@ -505,11 +505,11 @@ def test_a_match_shorter_than_min_draft_leaves_the_models_draft():
 
 
 def test_a_match_over_fewer_than_min_match_tokens_leaves_the_models_draft():
-    """ "b"'s six tokens so far agree with "a"'s over all six: confident at min_match 6,
-    not at 7 (its context has no seventh token to agree on)."""
-    for min_match, expected in ((6, [7, 8]), (7, [MODEL_TOKEN] * 3)):
+    """ "b"'s response so far (0, 5, 6) agrees with "a"'s (5, 6, 7, 8) over its last two
+    tokens: confident at min_match 2, not at 3."""
+    for min_match, expected in ((2, [7, 8]), (3, [MODEL_TOKEN] * 3)):
         runner, _ = _hybrid(min_draft=1, min_match=min_match)
-        assert runner.step({"b": [*PROMPT, 5, 6]}, [[6]]) == [expected], min_match
+        assert runner.step({"b": [*PROMPT, 0, 5, 6]}, [[6]]) == [expected], min_match
 
 
 def test_when_every_row_takes_history_the_draft_model_runs_its_first_pass_only():

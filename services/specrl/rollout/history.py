@@ -7,6 +7,19 @@ steps and epochs, by whatever policy wrote them), kept per prompt up to
 `max_sequences_per_prompt`, for at most `max_prompts` prompts and `max_tokens` tokens in
 all (the least recently used prompts go first), dropped after `max_age` policy versions.
 
+Each prompt's text is counted once. A response's sequence starts with a fixed boundary of
+`max_depth + 1` sentinel ids (negative: no text holds them) where it used to start with a
+copy of the prompt's last tokens: the trees are per prompt, so the boundary says as much
+(a response's first tokens are found after it), and a copy in every sequence made the
+prompt's tail outweigh the responses wherever a response quoted it (with 8 samples a
+prompt and kept epochs, 64 copies: history drafted the prompt's continuation there; a
+replay of the zoo target's responses, 2026-12-01, docs/draft.md). A request in flight
+holds its newest token out of its tree until the next ones come (or it ends): the context
+it drafts after always ends there, where its own sequence has no continuation, and that
+end counted as one more suffix at every node it matches, halving a single earlier
+response's share (a sibling's end, whose continuation is still to come, is counted: that
+is what is known).
+
 The text lives in native suffix trees, one per prompt: Arctic Inference's, the structure
 vLLM's own suffix decoding (`method: suffix`) drafts from. vLLM's method keeps one tree
 per running request and one global tree of every response, with no notion of prompt, no
@@ -60,6 +73,7 @@ class _Sequence:
     length: int  # tokens held in the tree
     version: int  # the policy version that wrote it (the prompt's: when first seen)
     live: bool = True
+    newest: int | None = None  # a live response's newest token, not in the tree yet
 
 
 @dataclass
@@ -96,6 +110,8 @@ class HistoryIndex:
         self.tokens = 0  # kept, over every prompt
         self.version = 0  # the policy version being served
         self._prompts: OrderedDict[bytes, _Prompt] = OrderedDict()  # least recently used first
+        # where every response's sequence starts (its context too, while shorter than the tree's depth)
+        self._boundary = np.arange(-2 - max_depth, -1, dtype=np.int32)
 
     # -- what the engine tells it --------------------------------------------------------
 
@@ -104,24 +120,30 @@ class HistoryIndex:
         p = self._prompts.get(key)
         if p is None:
             p = self._prompts[key] = _Prompt(self._tree(self.max_depth))
-            self._add(p, prompt, live=False)  # the prompt itself: lookup into it
+            self._add(p, prompt)  # the prompt itself: lookup into it
         self._prompts.move_to_end(key)
         self._evict()
-        # the response continues the prompt: its first tokens are found by the prompt's
-        # last ones, which its sequence starts with
-        return self._add(p, prompt[-self.max_depth :], live=True)
+        seq = self._add(p, self._boundary[:-1])  # a response's first tokens: after the boundary
+        p.sequences[seq].newest = int(self._boundary[-1])
+        return seq
 
     def extend(self, key: bytes, seq: int, tokens: Sequence[int]) -> None:
-        """Tokens the request's response grew by."""
+        """Tokens the request's response grew by (its newest held back: see the module)."""
         p = self._prompts.get(key)
-        if p is not None and seq in p.sequences:
-            self._append(p, seq, tokens)
+        s = p.sequences.get(seq) if p is not None else None
+        if s is not None and s.live and len(tokens):
+            held = np.empty(len(tokens), dtype=np.int32)  # the one held till now, all but the newest
+            held[0], held[1:] = s.newest, tokens[:-1]
+            self._append(p, seq, held)
+            s.newest = int(tokens[-1])
 
     def finish(self, key: bytes, seq: int) -> None:
         """The request ended: its response stays as history of its prompt."""
         p = self._prompts.get(key)
         if p is not None and seq in p.sequences:
-            p.sequences[seq].live = False
+            ended = p.sequences[seq]
+            self._append(p, seq, [ended.newest])
+            ended.live, ended.newest = False, None
             done = [i for i, s in p.sequences.items() if i and not s.live]
             self._drop(p, done[: max(0, len(done) - self.max_sequences_per_prompt)])
             self._evict()
@@ -143,30 +165,48 @@ class HistoryIndex:
 
     # -- drafting ---------------------------------------------------------------------
 
-    def propose(self, key: bytes, seq: int, context: Sequence[int], k: int, min_depth: int = 0) -> list[int]:
-        """Up to `k` draft tokens after `context` (the request's prompt and response so
-        far; a contiguous int32 array is passed to the tree without a copy) for its
-        response sequence `seq`; [] when history has no match, or its draft comes from a
-        match shorter than `min_depth` tokens (a confident match: the hybrid's test)."""
+    def propose(
+        self, key: bytes, seq: int, context: Sequence[int], response: int, k: int, min_depth: int = 0
+    ) -> list[int]:
+        """Up to `k` draft tokens after `context` (the request's last tokens, `max_depth + 1`
+        at least where it has them, of which the last `response` are its response so far;
+        a contiguous int32 array is passed to the tree without a copy) for its response
+        sequence `seq`; [] when history has no match, or its draft comes from a match
+        shorter than `min_depth` tokens (a confident match: the hybrid's test).
+
+        A response still shorter than the tree's depth is matched from the boundary its
+        sequence starts with; where that drafts fewer than `k` tokens, also across the
+        prompt's end (the prompt's own text, where a response starts by quoting it: the
+        zoo's RL-Zero answers restate the question), and the likelier draft is taken."""
         p = self._prompts.get(key)
-        if p is None or k <= 0 or len(context) < self.min_match:
+        if p is None or k <= 0:
             return []
-        # the tree matches at most len(context) - 1 tokens: one more than max_depth, or
-        # a token no sequence has before a shorter context, all of which may match
+        # the tree matches at most len(context) - 1 tokens: one more than max_depth
         context = _int32(context[-self.max_depth - 1 :])
-        if len(context) <= self.max_depth:
-            context = np.concatenate(([-1], context), dtype=np.int32)
-        draft = p.tree.speculate_ndarray(context, k, self.max_spec_factor, 0.0, self.min_token_prob, False)
+        own = min(response, len(context))
+        args = (k, self.max_spec_factor, 0.0, self.min_token_prob, False)
+        if own > self.max_depth:
+            draft = p.tree.speculate_ndarray(context, *args)
+        else:
+            from_start = np.concatenate((self._boundary[own:], context[len(context) - own :]), dtype=np.int32)
+            draft = p.tree.speculate_ndarray(from_start, *args)
+            if len(draft.token_ids) < k and own < len(context):
+                if len(context) <= self.max_depth:  # a token no sequence has, before it all
+                    context = np.concatenate(([-1], context), dtype=np.int32)
+                across = p.tree.speculate_ndarray(context, *args)
+                if across.score > draft.score:
+                    draft = across
         if draft.match_len < max(self.min_match, min_depth):
             return []
         return list(draft.token_ids)
 
     # -- bookkeeping ------------------------------------------------------------------
 
-    def _add(self, p: _Prompt, tokens: Sequence[int], *, live: bool) -> int:
+    def _add(self, p: _Prompt, tokens: Sequence[int]) -> int:
+        """A sequence of `tokens` (the prompt's, finished; a response's, live)."""
         seq = p.next_id
         p.next_id += 1
-        p.sequences[seq] = _Sequence(0, self.version, live)
+        p.sequences[seq] = _Sequence(0, self.version, live=seq > 0)
         self._append(p, seq, tokens)
         return seq
 

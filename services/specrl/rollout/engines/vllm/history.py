@@ -104,6 +104,7 @@ import hashlib
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -131,7 +132,7 @@ class HistoryProposer:
         self.index = HistoryIndex()
         self.runner: Any = None  # the model runner, once attached
         self._watched: Any = None  # the input batch whose requests are watched (input_batch)
-        self._requests: dict[str, tuple[bytes, int, int]] = {}  # req id -> key, sequence, tokens seen
+        self._requests: dict[str, _Request] = {}  # by request id
         self._recurring: set[str] = set()  # requests whose prompt had finished responses (kind)
         # hybrid: rows drafted by each source, steps the draft model ran its first pass only,
         # steps history drafted past the draft model's k (history.hybrid_max_draft), rows
@@ -217,33 +218,33 @@ class HistoryProposer:
         for i in live:
             if i in skip:
                 continue
-            key, seq, n = self._requests[batch.req_ids[i]]
-            k_row = min(self.k if k is None else k, self.max_model_len - n - 1)
-            context = token_ids_cpu[i, max(0, n - self.index.max_depth - 1) : n]
-            drafts[i] = self.index.propose(key, seq, context, k_row, min_depth)
+            r = self._requests[batch.req_ids[i]]
+            k_row = min(self.k if k is None else k, self.max_model_len - r.seen - 1)
+            context = token_ids_cpu[i, max(0, r.seen - self.index.max_depth - 1) : r.seen]
+            drafts[i] = self.index.propose(r.key, r.seq, context, r.seen - r.prompt_len, k_row, min_depth)
         return drafts
 
     def propose_after(self, req_id: str, row: int, draft: list[int], k: int, min_depth: int) -> list[int]:
         """Up to `k` tokens history drafts after `draft`, the draft model's for `req_id`'s
         next step (batch row `row`, caught up by `propose` this step): its context is the
         request's tokens and that draft ([] where the request is not kept)."""
-        entry = self._requests.get(req_id)
-        if entry is None:
+        r = self._requests.get(req_id)
+        if r is None:
             return []
-        key, seq, n = entry
-        k = min(k, self.max_model_len - n - len(draft) - 1)
-        start = max(0, n + len(draft) - self.index.max_depth - 1)
-        context = np.concatenate((self.input_batch().token_ids_cpu[row, start:n], draft), dtype=np.int32)
-        return self.index.propose(key, seq, context, k, min_depth)
+        k = min(k, self.max_model_len - r.seen - len(draft) - 1)
+        start = max(0, r.seen + len(draft) - self.index.max_depth - 1)
+        tokens = self.input_batch().token_ids_cpu[row, start : r.seen]
+        context = np.concatenate((tokens, draft), dtype=np.int32)
+        return self.index.propose(r.key, r.seq, context, r.seen - r.prompt_len + len(draft), k, min_depth)
 
     def _catch_up(self, req_id: str, row: int, num_tokens, token_ids_cpu) -> None:
         """The tokens of `req_id` (batch row `row`) its tree does not hold yet go into it
         (the batch's int32 rows go to the native tree without a copy)."""
-        key, seq, seen = self._requests[req_id]
+        r = self._requests[req_id]
         n = int(num_tokens[row])
-        if n > seen:
-            self.index.extend(key, seq, token_ids_cpu[row, seen:n])
-            self._requests[req_id] = (key, seq, n)
+        if n > r.seen:
+            self.index.extend(r.key, r.seq, token_ids_cpu[row, r.seen : n])
+            r.seen = n
 
     def _leaving(self, req_id: str) -> None:
         """`req_id`'s row leaves the batch (vLLM removes it; its row holds its tokens till
@@ -256,8 +257,8 @@ class HistoryProposer:
         if row is not None:
             self._catch_up(req_id, row, batch.num_tokens_no_spec, batch.token_ids_cpu)
         if req_id not in self.runner.requests:
-            key, seq, _ = self._requests.pop(req_id)
-            self.index.finish(key, seq)
+            r = self._requests.pop(req_id)
+            self.index.finish(r.key, r.seq)
             self._recurring.discard(req_id)
 
     def kind(self, req_id: str) -> str:
@@ -288,11 +289,23 @@ class HistoryProposer:
             self.index.extend(key, seq, response)
             self.index.finish(key, seq)
 
-    def _start(self, req_id: str, prompt: Any) -> tuple[bytes, int, int]:
+    def _start(self, req_id: str, prompt: Any) -> _Request:
         key = prompt_key(prompt)
         if self.index.finished(key):
             self._recurring.add(req_id)
-        return key, self.index.start(key, prompt), len(prompt)
+        return _Request(key, self.index.start(key, prompt), len(prompt), len(prompt))
+
+
+@dataclass
+class _Request:
+    """A request the drafter keeps: its prompt's key, its response's sequence in that
+    prompt's tree, where its response starts in its batch row and the tokens the tree has
+    been given (the row's first `seen`)."""
+
+    key: bytes
+    seq: int
+    prompt_len: int
+    seen: int
 
 
 def prompt_key(prompt: Any) -> bytes:
