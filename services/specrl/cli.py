@@ -542,6 +542,11 @@ def bench_history(
         help="The hybrid extends the draft model's full drafts with history's tokens "
         "(speculation.history.hybrid_extend).",
     ),
+    history_tree: str = typer.Option(
+        "",
+        help="History's index settings, alone and in the hybrid, as name=value pairs "
+        "(speculation.history: e.g. max_depth=32,max_spec_factor=2).",
+    ),
     blocks: int = BLOCKS_OPTION,
     servers: str = typer.Option(
         "fresh",
@@ -560,6 +565,7 @@ def bench_history(
 
     if servers not in SERVERS:
         raise typer.BadParameter(f"--servers is {' or '.join(SERVERS)}, not {servers!r}")
+    tree = _history_tree(history_tree)
 
     run_history_bench(
         out,
@@ -572,10 +578,29 @@ def bench_history(
         head=head,
         history_draft=history_draft,
         extend=extend,
+        tree=tree,
         console=console,
         blocks=_blocks(blocks, rounds),
         servers=servers,  # type: ignore[arg-type]  # checked against SERVERS above
     )
+
+
+def _history_tree(pairs: str) -> dict:
+    """--history-tree's name=value pairs, checked as speculation.history's index settings."""
+    from pydantic import ValidationError
+
+    from specrl.config import HistoryConfig
+
+    tree = dict(pair.split("=", 1) if "=" in pair else (pair, "") for pair in pairs.split(",") if pair)
+    if unknown := sorted(set(tree) - set(HistoryConfig().index_settings())):
+        raise typer.BadParameter(
+            f"--history-tree: {', '.join(unknown)} not an index setting of speculation.history"
+        )
+    try:
+        checked = HistoryConfig(**tree)
+    except ValidationError as e:
+        raise typer.BadParameter(f"--history-tree: {e}") from e
+    return {name: getattr(checked, name) for name in tree}
 
 
 @bench_app.command("staleness")

@@ -99,6 +99,31 @@ def test_history_drafts_past_the_heads_k_alone_and_in_the_hybrid():
     assert spec.k == 3 and spec.engine_k == 8  # the head drafts 3, history up to 8
 
 
+def test_history_tree_settings_reach_history_alone_and_the_hybrid_and_are_checked():
+    import typer
+
+    from specrl.bench.draft import bench_server
+    from specrl.cli import _history_tree
+
+    tree = _history_tree("max_depth=32,max_spec_factor=2")
+    assert tree == {"max_depth": 32, "max_spec_factor": 2.0}
+    cells = {c.name: c for c in history.cells(TASKS["rl-zero"], history_draft=16, tree=tree)}
+    for name in ("history", "hybrid"):
+        cell = cells[name]
+        spec = bench_server("zoo:target", cell.method, cell.draft, 3, False, cell.history).speculation
+        assert (spec.history.max_depth, spec.history.max_spec_factor) == (32, 2.0), name
+    assert cells["hybrid"].history["hybrid"] and cells["hybrid"].history["hybrid_max_draft"] == 16
+    refused = {
+        "depth=3": "depth not an index setting",
+        "hybrid=true": "hybrid not an index setting",
+        "max_depth=x": "valid integer",
+        "min_match=20": "min_match must be < max_depth",
+    }
+    for bad, says in refused.items():
+        with pytest.raises(typer.BadParameter, match=says):
+            _history_tree(bad)
+
+
 def test_a_continued_rl_run_draws_training_batches_of_its_own(tmp_path):
     from specrl.bench.draft import rl_run_config
 

@@ -52,25 +52,31 @@ TABLE_COLUMNS = (
 
 
 def cells(
-    task: Task, head: str = "domain", history_draft: int = HISTORY_DRAFT, extend: bool = False
+    task: Task,
+    head: str = "domain",
+    history_draft: int = HISTORY_DRAFT,
+    extend: bool = False,
+    tree: dict | None = None,
 ) -> list[Cell]:
     """The measured servers; `head`: the zoo's EAGLE-3 head of the eagle3 and hybrid cells
     (domain: trained on the task; generic: a weak one, which leaves history more to add);
-    `history_draft`: history's longest draft, alone and in the hybrid (history's other
-    settings at their defaults: the hybrid chooses per request by measured agreement and
-    step times, rollout/hybrid.py); `extend`: the hybrid's history.hybrid_extend."""
+    `history_draft`: history's longest draft, alone and in the hybrid (the hybrid chooses
+    per request by measured agreement and step times, rollout/hybrid.py); `extend`: the
+    hybrid's history.hybrid_extend; `tree`: history's index settings other than their
+    defaults (speculation.history: max_depth, max_spec_factor, ...), alone and in the
+    hybrid."""
     draft = f"zoo:{task.zoo}eagle3-{head}"
     return [
         Cell("ar", "none"),
         Cell("eagle3", "eagle3", draft),
-        Cell("history", "history", history={}, carry="last", k=history_draft),
-        Cell("hybrid", "eagle3", draft, history=hybrid(history_draft, extend), carry="last"),
+        Cell("history", "history", history=dict(tree or {}), carry="last", k=history_draft),
+        Cell("hybrid", "eagle3", draft, history=hybrid(history_draft, extend, tree), carry="last"),
     ]
 
 
-def hybrid(history_draft: int, extend: bool = False) -> dict:
+def hybrid(history_draft: int, extend: bool = False, tree: dict | None = None) -> dict:
     """The hybrid's speculation.history in this bench."""
-    return {"hybrid": True, "hybrid_max_draft": history_draft, "hybrid_extend": extend}
+    return (tree or {}) | {"hybrid": True, "hybrid_max_draft": history_draft, "hybrid_extend": extend}
 
 
 def run_history_bench(
@@ -85,12 +91,13 @@ def run_history_bench(
     head: str = "domain",
     history_draft: int = HISTORY_DRAFT,
     extend: bool = False,
+    tree: dict | None = None,
     console: Console | None = None,
     blocks: int = 1,
     servers: Servers = "fresh",
 ) -> list[dict]:
     """`tasks`: names in TASKS (default: all), measured in that order; `head`,
-    `history_draft`, `extend`: cells(); `blocks`, `servers`: run_over_versions."""
+    `history_draft`, `extend`, `tree`: cells(); `blocks`, `servers`: run_over_versions."""
     from specrl.orchestrator.run import run
 
     console = console or Console(stderr=True)
@@ -106,7 +113,7 @@ def run_history_bench(
                 task, INIT, steps, tmp, policy=policy[task.name], adapt=False, name=f"{task.name}-e{epoch}"
             )
             policy[task.name] = str(Path(run(cfg, console=console, metrics=False).checkpoint) / "hf")
-        return epoch, policy[task.name], cells(task, head, history_draft, extend)
+        return epoch, policy[task.name], cells(task, head, history_draft, extend, tree)
 
     return run_over_versions(
         out,
@@ -116,7 +123,7 @@ def run_history_bench(
         columns=TABLE_COLUMNS,
         meta={
             "rl_steps_per_epoch": steps,
-            "hybrid": hybrid(history_draft, extend),
+            "hybrid": hybrid(history_draft, extend, tree),
             "history_k": history_draft,
             "eagle3_head": head,
         },
