@@ -29,7 +29,7 @@ def _replayed(cfg, prompt: list[int], target: list[int], carried: list[int] | No
     tokens (`target`: the target's greedy continuation, a draft's length longer), drafted
     by a history index of the server's settings holding `carried` as the prompt's earlier
     response (if any): the drafter's own lookups, apart from any engine. Each step drafts
-    after every token so far (the request's sequence in the tree holds them), accepts the
+    after every token so far (given to the index as the request's response), accepts the
     draft's prefix the target continues with and emits one more token; a draft is
     verified even where it reaches past max_tokens (the output is cut after)."""
     from specrl.rollout.engines.vllm.history import prompt_key
