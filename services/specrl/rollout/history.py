@@ -17,8 +17,8 @@ replay of the zoo target's responses, 2026-12-01, docs/draft.md). A request in f
 holds its newest token out of its tree until the next ones come (or it ends): the context
 it drafts after always ends there, where its own sequence has no continuation, and that
 end counted as one more suffix at every node it matches, halving a single earlier
-response's share (a sibling's end, whose continuation is still to come, is counted: that
-is what is known).
+response's share. Siblings in flight hold theirs back alike, so their text reaches the
+others a step later (measured: docs/draft.md).
 
 The text lives in native suffix trees, one per prompt: Arctic Inference's, the structure
 vLLM's own suffix decoding (`method: suffix`) drafts from. vLLM's method keeps one tree

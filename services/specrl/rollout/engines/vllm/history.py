@@ -299,8 +299,8 @@ class HistoryProposer:
 @dataclass
 class _Request:
     """A request the drafter keeps: its prompt's key, its response's sequence in that
-    prompt's tree, where its response starts in its batch row and the tokens the tree has
-    been given (the row's first `seen`)."""
+    prompt's tree, where its response starts in its batch row and the tokens the index has
+    been given (the row's first `seen`; its tree holds all but the newest)."""
 
     key: bytes
     seq: int
